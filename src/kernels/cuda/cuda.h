@@ -17,8 +17,4 @@ bool keel_cuda_device_name(char *buf, size_t cap);
 }
 #endif
 
-#ifdef __cplusplus
-}
-#endif
-
 #endif
