@@ -44,7 +44,13 @@ keel_code keel_err_prefix(keel_err *err, const char *fmt, ...) {
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s%s", pre, old);
+    size_t n = strlen(pre);
+    if (n >= sizeof err->msg) n = sizeof err->msg - 1;
+    memcpy(err->msg, pre, n);
+    size_t rest = strnlen(old, sizeof old - 1);
+    if (rest > sizeof err->msg - 1 - n) rest = sizeof err->msg - 1 - n;
+    memcpy(err->msg + n, old, rest);
+    err->msg[n + rest] = 0;
     return err->code;
 }
 
