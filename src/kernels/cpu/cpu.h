@@ -27,5 +27,7 @@ void keel_cpu_set_threads(int n);
 int keel_cpu_threads(void);
 /* The instruction set the stream tile was built for and runs with: "avx2" or "portable". */
 const char *keel_cpu_isa(void);
+/* Forces the portable path even where AVX2 is available (tests compare the two; they are bit-identical). */
+void keel_cpu_force_portable(bool on);
 
 #endif
