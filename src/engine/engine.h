@@ -1,0 +1,159 @@
+/* engine: the CPU reference engine for Nemotron-H: the forward pass (prompt and one-token decode share their
+ * per-token arithmetic, so both give the same bits), the MTP head, sampling and generation.
+ *
+ * Per token: x = embed(t); for each layer x += mixer(rmsnorm(x)); logits = lm_head(norm_f(x)). Every matrix
+ * product goes through keel_cpu_matmul (row-independent), every other step is computed token by token in a
+ * fixed order, so a prompt of n tokens and n one-token decodes leave the same state and logits bit for bit.
+ * All scratch comes from one arena allocated at init: nothing is allocated per token.
+ */
+#ifndef KEEL_ENGINE_H
+#define KEEL_ENGINE_H
+
+#include "../model/model.h"
+
+#define KEEL_ENGINE_CHUNK 64 /* tokens per pass of prompt processing (rows of each matmul) */
+
+typedef enum keel_logits_mode {
+    KEEL_LOGITS_NONE = 0, /* no logits */
+    KEEL_LOGITS_LAST = 1, /* logits of the last token only: (vocab) */
+    KEEL_LOGITS_ALL = 2,  /* logits of every token: (n, vocab) */
+} keel_logits_mode;
+
+typedef struct keel_engine {
+    const keel_model *model;
+    const keel_config *cfg;
+    int max_ctx; /* tokens the caches hold */
+    int pos;     /* tokens consumed so far (the next token's position) */
+    int mtp_pos; /* positions the MTP head has consumed */
+
+    int n_mamba, n_attn;  /* layers of each kind with state */
+    int *slot;            /* (n_layer) index of a layer among those of its kind, -1 when stateless */
+    float *conv_state;    /* (n_mamba, conv_kernel-1, conv_dim) last inputs of the conv, oldest first */
+    float *ssm_state;     /* (n_mamba, mamba_heads, mamba_head_dim, ssm_state) */
+    float *k_cache;       /* (n_attn, max_ctx, n_kv_head*head_dim) */
+    float *v_cache;       /* (n_attn, max_ctx, n_kv_head*head_dim) */
+    float *mtp_k, *mtp_v; /* (max_ctx, n_kv_head*head_dim) the MTP head's own cache, NULL without a head */
+
+    /* scratch, carved from one arena; C = KEEL_ENGINE_CHUNK */
+    void *arena;
+    float *x;       /* (C, hidden) residual stream */
+    float *xn;      /* (C, hidden) normalized input of a mixer */
+    float *mix;     /* (C, hidden) mixer output */
+    float *wide;    /* (C, wide_dim) projections: in_proj, q|k|v, up, eh_proj input */
+    float *mid;     /* (C, mid_dim) mamba y, attention heads */
+    float *conv_out; /* (conv_dim) one token's conv output */
+    float *scores;  /* (n_head, max_ctx) attention probabilities */
+    float *router;  /* (C, n_experts) router logits */
+    int *sel;       /* (C, top_k) chosen experts per token, in slot order */
+    float *sel_w;   /* (C, top_k) their weights */
+    int *ex_rows;   /* (n_experts, C) tokens routed to each expert */
+    int *ex_slot;   /* (n_experts, C) the slot each of those came from */
+    int *ex_count;  /* (n_experts) */
+    float *ex_in;   /* (C, hidden) gathered rows for one expert */
+    float *ex_mid;  /* (C, max(moe_inter, shared_inter, mlp_inter)) */
+    float *ex_out;  /* (C, hidden) one expert's output rows */
+    float *slots;   /* (C, top_k, hidden) each token's expert outputs, summed in slot order */
+    float *hid;     /* (C, hidden) hidden after norm_f */
+    int wide_dim, mid_dim;
+} keel_engine;
+
+/* Binds the engine to a loaded model with caches for max_ctx tokens (1 <= max_ctx). */
+keel_code keel_engine_init(keel_engine *e, const keel_model *m, int max_ctx, keel_err *err);
+void keel_engine_free(keel_engine *e); /* accepts NULL and a zeroed struct */
+/* Forgets every token: position 0, zero states, empty caches (model and MTP head). */
+void keel_engine_reset(keel_engine *e);
+
+/* Runs n tokens from the current position (a prompt when n > 1, a decode step when n == 1): logits per mode
+ * (NULL with KEEL_LOGITS_NONE), hidden (n, hidden) after norm_f when non-NULL. Token ids are checked against
+ * the vocabulary and the context against max_ctx before anything runs (KEEL_E_RANGE). */
+keel_code keel_engine_forward(keel_engine *e, const int *tokens, int n, float *logits, keel_logits_mode mode,
+                              float *hidden, keel_err *err);
+
+/* Runs the MTP head on n positions from e->mtp_pos: row i takes h (n, hidden), the model's hidden after norm_f
+ * at that position, and next[i], the token that follows it. Writes logits (n, vocab) when non-NULL, the
+ * prediction of the token after next[i], and out_hidden (n, hidden) when non-NULL: the head's state after its
+ * final_layernorm, the lm_head input, which a chained draft feeds back as the next h. */
+keel_code keel_engine_mtp(keel_engine *e, const float *h, const int *next, int n, float *logits, float *out_hidden,
+                          keel_err *err);
+
+/* ---- sampling ------------------------------------------------------------------------------------------ */
+
+typedef struct keel_sampler_cfg {
+    float temp;   /* <= 0: greedy (argmax, ties to the lower id) */
+    int top_k;    /* keep the k most likely; <= 0: all */
+    float top_p;  /* keep the smallest most-likely prefix whose mass reaches p; >= 1: all */
+    float min_p;  /* keep tokens with p >= min_p * p_max; <= 0: all */
+    uint64_t seed;
+} keel_sampler_cfg;
+
+typedef struct keel_sampler {
+    keel_sampler_cfg c;
+    int vocab;
+    int *idx;     /* (vocab) candidate ids, most likely first */
+    float *prob;  /* (vocab) their probabilities after filtering */
+    void *tmp;    /* (vocab) (logit, id) pairs being sorted */
+} keel_sampler;
+
+void keel_sampler_init(keel_sampler *s, const keel_sampler_cfg *c, int vocab);
+void keel_sampler_free(keel_sampler *s); /* accepts NULL */
+/* The candidates after temperature, top-k, top-p and min-p, in that order: s->idx[0..n) sorted by logit
+ * descending (ties: lower id first) with s->prob their renormalized probabilities. Returns n >= 1. */
+int keel_sampler_filter(keel_sampler *s, const float *logits);
+/* The uniform in [0, 1) that the draw at this absolute position uses: a hash of (seed, pos) only. */
+double keel_sampler_uniform(uint64_t seed, int64_t pos);
+/* Draws the token at absolute position pos: a function of (cfg, pos, logits) only. */
+int keel_sampler_sample(keel_sampler *s, const float *logits, int64_t pos);
+/* Index of the largest value, ties to the lower index. */
+int keel_argmax(const float *v, int n);
+
+/* ---- generation ---------------------------------------------------------------------------------------- */
+
+typedef enum keel_stop {
+    KEEL_STOP_NONE = 0,
+    KEEL_STOP_EOS,      /* an end-of-sequence id was drawn (not passed to the callback) */
+    KEEL_STOP_LENGTH,   /* n_predict tokens were generated */
+    KEEL_STOP_CONTEXT,  /* the sequence reached the engine's max_ctx */
+    KEEL_STOP_CALLBACK, /* the callback asked to stop */
+} keel_stop;
+
+/* Called with each generated token and its absolute position; nonzero stops generation. */
+typedef int (*keel_token_fn)(void *user, int token, int64_t pos);
+
+typedef struct keel_gen_opts {
+    int n_predict;          /* most tokens to generate; < 0: until eos or the context limit */
+    keel_sampler_cfg samp;
+    const int *eos;         /* stop ids; NULL: the model's eos_token_id */
+    int n_eos;              /* with eos non-NULL; 0 disables stopping on eos */
+} keel_gen_opts;
+
+typedef struct keel_gen_result {
+    int n_prompt, n_gen;   /* tokens processed as prompt, tokens generated (eos excluded) */
+    keel_stop stop;
+    int stop_token;        /* the eos id drawn, with KEEL_STOP_EOS */
+    double prompt_s, gen_s; /* wall time of prompt processing and of generation */
+} keel_gen_result;
+
+/* Resets the engine, runs the prompt, then samples and decodes until a stop. A prompt longer than max_ctx
+ * is KEEL_E_RANGE naming both numbers; reaching max_ctx later is a normal stop (KEEL_STOP_CONTEXT). */
+keel_code keel_generate(keel_engine *e, const int *prompt, int n_prompt, const keel_gen_opts *o, keel_token_fn fn,
+                        void *user, keel_gen_result *res, keel_err *err);
+
+/* ---- internals shared by the engine's files ------------------------------------------------------------ */
+
+/* y (m, n) = rmsnorm of each row of x (m, n) times w; y may equal x. */
+void keel_engine_rmsnorm(const float *x, const keel_vec *w, int m, int n, float eps, float *y);
+/* The embedding rows of tokens into x (m, hidden). */
+void keel_engine_embed(const keel_engine *e, const int *tokens, int m, float *x);
+/* Mamba-2 mixer on m rows of xn at consecutive positions, state slot `slot`; out (m, hidden). */
+void keel_engine_mamba(keel_engine *e, const keel_mamba_w *w, int slot, const float *xn, int m, float *out);
+/* Attention on m rows at positions pos..pos+m-1 with caches kc, vc (max_ctx, kv_dim); out (m, hidden). */
+void keel_engine_attention(keel_engine *e, const keel_attn_w *w, float *kc, float *vc, int pos, const float *xn,
+                           int m, float *out);
+/* Dense squared-ReLU MLP: out (m, hidden) = down(relu(up(xn))^2). */
+void keel_engine_mlp(keel_engine *e, const keel_mlp_w *w, const float *xn, int m, float *out);
+/* Routed experts plus the shared expert on m rows; out (m, hidden). */
+void keel_engine_moe(keel_engine *e, const keel_moe_w *w, const float *xn, int m, float *out);
+/* The router's choice for one token: top_k experts in slot order and their weights, from logits (n_experts). */
+void keel_engine_route(const keel_config *c, const float *logits, const keel_vec *corr_bias, int *sel, float *w);
+
+#endif
