@@ -1,4 +1,382 @@
-/* placeholder until this command is built; its owner replaces this file. */
+/* keel run: generate from a prompt on the CPU engine, streaming text (or ids) as it is made; keel logits:
+ * teacher-forced logits, hidden states and MTP logits of a token sequence, written as safetensors. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
 #include "cli.h"
-int keel_cli_run(int argc, char **argv) { (void)argc; (void)argv; return keel_cli_fail("run", "not built yet"); }
-int keel_cli_logits(int argc, char **argv) { (void)argc; (void)argv; return keel_cli_fail("logits", "not built yet"); }
+#include "engine/engine.h"
+#include "kernels/cpu/cpu.h"
+#include "tokenizer/tokenizer.h"
+
+#define DEFAULT_CTX 4096
+
+typedef struct run_args {
+    const char *dir, *prompt, *tokens, *out;
+    int n_predict, ctx, threads;
+    bool greedy, ids, mtp;
+    keel_sampler_cfg samp;
+} run_args;
+
+static bool parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || v != v) return false;
+    *out = v;
+    return true;
+}
+
+/* Parses the options of both commands; `logits` selects which are allowed. Returns 0 or an exit status. */
+static int parse_args(const char *cmd, int argc, char **argv, bool logits, run_args *a) {
+    memset(a, 0, sizeof *a);
+    a->n_predict = 128;
+    a->samp = (keel_sampler_cfg){.temp = 0.8f, .top_k = 0, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
+    bool sampling_set = false;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+        bool takes = true;
+        if (o[0] != '-' && !a->dir) {
+            a->dir = o;
+            continue;
+        }
+        if (!strcmp(o, "--greedy") && !logits) a->greedy = true, takes = false;
+        else if (!strcmp(o, "--ids") && !logits) a->ids = true, takes = false;
+        else if (!strcmp(o, "--mtp") && logits) a->mtp = true, takes = false;
+        if (!takes) continue;
+        if (!v) return keel_cli_fail(cmd, "option %s needs a value (or is unknown)", o);
+        if (!strcmp(o, "--prompt")) a->prompt = v;
+        else if (!strcmp(o, "--tokens")) a->tokens = v;
+        else if (!strcmp(o, "--out") && logits) a->out = v;
+        else if (!strcmp(o, "--threads")) {
+            if (!parse_int(v, 1, 4096, &n)) return keel_cli_fail(cmd, "--threads '%s': expected 1..4096", v);
+            a->threads = (int)n;
+        } else if (!strcmp(o, "--ctx")) {
+            if (!parse_int(v, 1, INT_MAX, &n)) return keel_cli_fail(cmd, "--ctx '%s': expected a positive count", v);
+            a->ctx = (int)n;
+        } else if (logits) {
+            return keel_cli_fail(cmd, "unknown option '%s'", o);
+        } else if (!strcmp(o, "-n")) {
+            if (!parse_int(v, -1, INT_MAX, &n)) return keel_cli_fail(cmd, "-n '%s': expected a count (-1: no limit)", v);
+            a->n_predict = (int)n;
+        } else if (!strcmp(o, "--temp")) {
+            if (!parse_float(v, &a->samp.temp) || a->samp.temp < 0.0f)
+                return keel_cli_fail(cmd, "--temp '%s': expected a number >= 0", v);
+            sampling_set = true;
+        } else if (!strcmp(o, "--top-p")) {
+            if (!parse_float(v, &a->samp.top_p) || a->samp.top_p <= 0.0f || a->samp.top_p > 1.0f)
+                return keel_cli_fail(cmd, "--top-p '%s': expected a number in (0, 1]", v);
+            sampling_set = true;
+        } else if (!strcmp(o, "--top-k")) {
+            if (!parse_int(v, 0, INT_MAX, &n)) return keel_cli_fail(cmd, "--top-k '%s': expected a count >= 0", v);
+            a->samp.top_k = (int)n;
+            sampling_set = true;
+        } else if (!strcmp(o, "--min-p")) {
+            if (!parse_float(v, &a->samp.min_p) || a->samp.min_p < 0.0f || a->samp.min_p > 1.0f)
+                return keel_cli_fail(cmd, "--min-p '%s': expected a number in [0, 1]", v);
+            sampling_set = true;
+        } else if (!strcmp(o, "--seed")) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || end == v || *end) return keel_cli_fail(cmd, "--seed '%s': expected a non-negative integer", v);
+            a->samp.seed = (uint64_t)s;
+        } else {
+            return keel_cli_fail(cmd, "unknown option '%s'", o);
+        }
+        i++;
+    }
+    if (!a->dir) return keel_cli_fail(cmd, "no MODEL_DIR given");
+    if (!a->prompt == !a->tokens) return keel_cli_fail(cmd, "give exactly one of --prompt TEXT and --tokens 1,2,3");
+    if (logits && !a->out) return keel_cli_fail(cmd, "--out FILE.safetensors is required");
+    if (a->greedy && sampling_set) return keel_cli_fail(cmd, "--greedy cannot be combined with --temp/--top-p/--top-k/--min-p");
+    if (a->greedy) a->samp.temp = 0.0f;
+    return 0;
+}
+
+/* Parses "1,2,3" into ids; every id must be in [0, vocab). */
+static int parse_tokens(const char *cmd, const char *s, int vocab, int **ids, int *n) {
+    int cap = 16, cnt = 0;
+    int *v = keel_xmalloc((size_t)cap * sizeof(int));
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (errno || end == p || (*end && *end != ',') || x < INT_MIN || x > INT_MAX) {
+            free(v);
+            return keel_cli_fail(cmd, "--tokens '%s': expected comma-separated integers (at character %d)", s,
+                                 (int)(p - s) + 1);
+        }
+        if (x < 0 || x >= vocab) {
+            free(v);
+            return keel_cli_fail(cmd, "token id %ld is outside the model's vocabulary of %d ids (0..%d)", x, vocab,
+                                 vocab - 1);
+        }
+        if (cnt == cap) v = keel_xrealloc(v, (size_t)(cap *= 2) * sizeof(int));
+        v[cnt++] = (int)x;
+        p = *end ? end + 1 : end;
+    }
+    if (!cnt) {
+        free(v);
+        return keel_cli_fail(cmd, "--tokens is empty: at least one token id is needed");
+    }
+    *ids = v;
+    *n = cnt;
+    return 0;
+}
+
+/* Loads DIR/tokenizer.json and checks it against the model's vocabulary. */
+static int load_tokenizer(const char *cmd, const keel_model *m, const char *why, keel_tokenizer **t) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", m->dir);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return keel_cli_fail(cmd, "%s needs %s, which does not exist", why, path);
+    keel_err err = {0};
+    if (keel_tokenizer_load(t, path, &err) != KEEL_OK) return keel_cli_fail(cmd, "%s", err.msg);
+    int tv = keel_tokenizer_vocab_size(*t);
+    if (tv > m->cfg.vocab) {
+        keel_tokenizer_free(*t);
+        *t = NULL;
+        return keel_cli_fail(cmd, "%s has %d token ids but the model's vocab_size is %d: they do not belong together",
+                             path, tv, m->cfg.vocab);
+    }
+    return 0;
+}
+
+/* The prompt as ids: from --tokens, or --prompt through the tokenizer. */
+static int prompt_ids(const char *cmd, const run_args *a, const keel_model *m, const keel_tokenizer *t, int **ids,
+                      int *n) {
+    if (a->tokens) return parse_tokens(cmd, a->tokens, m->cfg.vocab, ids, n);
+    int32_t *v = NULL;
+    keel_err err = {0};
+    if (keel_tokenizer_encode(t, a->prompt, strlen(a->prompt), &v, n, &err) != KEEL_OK)
+        return keel_cli_fail(cmd, "%s", err.msg);
+    if (*n == 0) {
+        free(v);
+        return keel_cli_fail(cmd, "--prompt encodes to no tokens: at least one is needed");
+    }
+    *ids = keel_xmalloc((size_t)*n * sizeof(int));
+    for (int i = 0; i < *n; i++) (*ids)[i] = v[i];
+    free(v);
+    return 0;
+}
+
+/* The context: --ctx, else what the prompt and budget need (at least DEFAULT_CTX), within the model's limit. */
+static int choose_ctx(const char *cmd, const run_args *a, const keel_config *c, int n_prompt, int n_predict) {
+    if (a->ctx) {
+        if (a->ctx > c->max_ctx) {
+            keel_cli_fail(cmd, "--ctx %d exceeds the model's max_position_embeddings of %d", a->ctx, c->max_ctx);
+            return -1;
+        }
+        return a->ctx;
+    }
+    int64_t want = (int64_t)n_prompt + (n_predict >= 0 ? n_predict : DEFAULT_CTX);
+    return (int)KEEL_MIN((int64_t)c->max_ctx, KEEL_MAX(want, (int64_t)DEFAULT_CTX));
+}
+
+typedef struct stream {
+    bool ids;
+    keel_detok d;
+    int n;
+    bool failed;
+    keel_err err;
+} stream;
+
+static int on_token(void *user, int tok, int64_t pos) {
+    (void)pos;
+    stream *s = user;
+    if (s->ids) {
+        printf("%s%d", s->n ? " " : "", tok);
+    } else {
+        char buf[256];
+        size_t w = 0;
+        if (keel_detok_push(&s->d, tok, buf, sizeof buf, &w, &s->err) != KEEL_OK) {
+            s->failed = true;
+            return 1;
+        }
+        fwrite(buf, 1, w, stdout);
+    }
+    s->n++;
+    fflush(stdout);
+    return 0;
+}
+
+static const char *stop_text(keel_stop s) {
+    switch (s) {
+    case KEEL_STOP_EOS: return "end of sequence";
+    case KEEL_STOP_LENGTH: return "token budget (-n)";
+    case KEEL_STOP_CONTEXT: return "context limit";
+    case KEEL_STOP_CALLBACK: return "output error";
+    default: return "none";
+    }
+}
+
+int keel_cli_run(int argc, char **argv) {
+    const char *cmd = "run";
+    run_args a;
+    int rc = parse_args(cmd, argc, argv, false, &a);
+    if (rc) return rc;
+    if (a.threads) keel_cpu_set_threads(a.threads);
+    keel_model m;
+    keel_err err = {0};
+    if (keel_model_load(&m, a.dir, "", &err) != KEEL_OK) {
+        keel_model_free(&m);
+        return keel_cli_fail(cmd, "%s", err.msg);
+    }
+    keel_tokenizer *t = NULL;
+    int *ids = NULL, n = 0;
+    keel_engine e = {0};
+    stream st = {.ids = a.ids};
+    if (!a.ids || a.prompt) {
+        rc = load_tokenizer(cmd, &m, a.prompt ? "--prompt" : "printing text (without --ids)", &t);
+        if (rc) goto done;
+    }
+    rc = prompt_ids(cmd, &a, &m, t, &ids, &n);
+    if (rc) goto done;
+    int ctx = choose_ctx(cmd, &a, &m.cfg, n, a.n_predict);
+    if (ctx < 0) {
+        rc = 1;
+        goto done;
+    }
+    if (n > ctx) {
+        rc = keel_cli_fail(cmd, "the prompt has %d tokens, longer than the context of %d tokens (--ctx)", n, ctx);
+        goto done;
+    }
+    if (keel_engine_init(&e, &m, ctx, &err) != KEEL_OK) {
+        rc = keel_cli_fail(cmd, "%s", err.msg);
+        goto done;
+    }
+    if (t) keel_detok_init(&st.d, t);
+    keel_gen_opts o = {.n_predict = a.n_predict, .samp = a.samp};
+    keel_gen_result res;
+    keel_code gc = keel_generate(&e, ids, n, &o, on_token, &st, &res, &err);
+    if (!a.ids && t) {
+        char tail[16];
+        size_t w = keel_detok_flush(&st.d, tail, sizeof tail);
+        fwrite(tail, 1, w, stdout);
+    }
+    printf("\n");
+    fflush(stdout);
+    if (gc != KEEL_OK) {
+        rc = keel_cli_fail(cmd, "%s", err.msg);
+        goto done;
+    }
+    if (st.failed) {
+        rc = keel_cli_fail(cmd, "%s", st.err.msg);
+        goto done;
+    }
+    fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tokens/s); generation: %d tokens in %.3f s (%.1f tokens/s)\n",
+            res.n_prompt, res.prompt_s, res.prompt_s > 0 ? res.n_prompt / res.prompt_s : 0.0, res.n_gen, res.gen_s,
+            res.gen_s > 0 ? res.n_gen / res.gen_s : 0.0);
+    if (res.stop == KEEL_STOP_CONTEXT)
+        fprintf(stderr, "stopped: the context limit of %d tokens was reached (raise it with --ctx, at most %d)\n",
+                e.max_ctx, m.cfg.max_ctx);
+    else
+        fprintf(stderr, "stopped: %s\n", stop_text(res.stop));
+done:
+    keel_engine_free(&e);
+    free(ids);
+    keel_tokenizer_free(t);
+    keel_model_free(&m);
+    return rc;
+}
+
+int keel_cli_logits(int argc, char **argv) {
+    const char *cmd = "logits";
+    run_args a;
+    int rc = parse_args(cmd, argc, argv, true, &a);
+    if (rc) return rc;
+    if (a.threads) keel_cpu_set_threads(a.threads);
+    keel_model m;
+    keel_err err = {0};
+    if (keel_model_load(&m, a.dir, a.mtp ? NULL : "", &err) != KEEL_OK) {
+        keel_model_free(&m);
+        return keel_cli_fail(cmd, "%s", err.msg);
+    }
+    keel_tokenizer *t = NULL;
+    int *ids = NULL, n = 0;
+    float *lg = NULL, *hd = NULL, *ml = NULL, *mh = NULL;
+    keel_engine e = {0};
+    keel_st_writer w;
+    keel_st_writer_init(&w);
+    if (a.mtp && !m.has_mtp) {
+        rc = keel_cli_fail(cmd, "--mtp: %s has no mtp.safetensors", a.dir);
+        goto done;
+    }
+    if (a.prompt && (rc = load_tokenizer(cmd, &m, "--prompt", &t))) goto done;
+    if ((rc = prompt_ids(cmd, &a, &m, t, &ids, &n))) goto done;
+    if (a.mtp && n < 2) {
+        rc = keel_cli_fail(cmd, "--mtp needs at least 2 tokens (the head at position i reads token i+1), got %d", n);
+        goto done;
+    }
+    if (a.ctx && n > a.ctx) {
+        rc = keel_cli_fail(cmd, "the prompt has %d tokens, longer than the context of %d tokens (--ctx)", n, a.ctx);
+        goto done;
+    }
+    if (keel_engine_init(&e, &m, n, &err) != KEEL_OK) {
+        rc = keel_cli_fail(cmd, "%s", err.msg);
+        goto done;
+    }
+    const int V = m.cfg.vocab, H = m.cfg.hidden;
+    lg = malloc((size_t)n * V * sizeof(float));
+    hd = malloc((size_t)n * H * sizeof(float));
+    if (a.mtp) {
+        ml = malloc((size_t)(n - 1) * V * sizeof(float));
+        mh = malloc((size_t)(n - 1) * H * sizeof(float));
+    }
+    if (!lg || !hd || (a.mtp && (!ml || !mh))) {
+        rc = keel_cli_fail(cmd, "cannot allocate logits for %d positions of %d ids", n, V);
+        goto done;
+    }
+    double t0 = keel_now();
+    if (keel_engine_forward(&e, ids, n, lg, KEEL_LOGITS_ALL, hd, &err) != KEEL_OK ||
+        (a.mtp && keel_engine_mtp(&e, hd, ids + 1, n - 1, ml, mh, &err) != KEEL_OK)) {
+        rc = keel_cli_fail(cmd, "%s", err.msg);
+        goto done;
+    }
+    double dt = keel_now() - t0;
+    int32_t *tok32 = (int32_t *)ids; /* int is 32 bits on every supported platform */
+    _Static_assert(sizeof(int) == sizeof(int32_t), "int must be 32 bits");
+    int64_t s_tok[1] = {n}, s_lg[2] = {n, V}, s_hd[2] = {n, H}, s_ml[2] = {n - 1, V}, s_mh[2] = {n - 1, H};
+    if (keel_st_writer_add(&w, "tokens", KEEL_DT_I32, 1, s_tok, tok32, &err) ||
+        keel_st_writer_add(&w, "logits", KEEL_DT_F32, 2, s_lg, lg, &err) ||
+        keel_st_writer_add(&w, "hidden", KEEL_DT_F32, 2, s_hd, hd, &err) ||
+        (a.mtp && (keel_st_writer_add(&w, "mtp_logits", KEEL_DT_F32, 2, s_ml, ml, &err) ||
+                   keel_st_writer_add(&w, "mtp_hidden", KEEL_DT_F32, 2, s_mh, mh, &err)))) {
+        rc = keel_cli_fail(cmd, "%s", err.msg);
+        goto done;
+    }
+    keel_st_writer_meta(&w, "made_by", "keel logits (CPU engine, float32)");
+    if (keel_st_writer_write(&w, a.out, &err) != KEEL_OK) {
+        rc = keel_cli_fail(cmd, "%s", err.msg);
+        goto done;
+    }
+    fprintf(stderr, "%d positions in %.3f s (%.1f tokens/s)%s -> %s\n", n, dt, dt > 0 ? n / dt : 0.0,
+            a.mtp ? " with the MTP head" : "", a.out);
+done:
+    keel_st_writer_free(&w);
+    keel_engine_free(&e);
+    free(lg);
+    free(hd);
+    free(ml);
+    free(mh);
+    free(ids);
+    keel_tokenizer_free(t);
+    keel_model_free(&m);
+    return rc;
+}

@@ -110,12 +110,10 @@ int keel_sampler_sample(keel_sampler *s, const float *logits, int64_t pos) {
     const int n = keel_sampler_filter(s, logits);
     if (n == 1) return s->idx[0];
     const double u = keel_sampler_uniform(s->c.seed, pos);
-    double tot = 0.0, cum = 0.0;
-    for (int i = 0; i < n; i++) tot += s->prob[i];
-    const double target = u * tot;
+    double cum = 0.0;
     for (int i = 0; i < n; i++) {
         cum += s->prob[i];
-        if (target < cum) return s->idx[i];
+        if (u < cum) return s->idx[i];
     }
     return s->idx[n - 1];
 }
