@@ -467,6 +467,7 @@ static keel_code open_index(keel_st *st, const char *ipath, keel_err *err) {
             rc = keel_err_set(err, KEEL_E_FORMAT, "%s: weight_map lists tensor '%s' twice", ipath, e[i].name);
             goto out;
         }
+    /* shards in file-name order, so "the first shard" (whose metadata is kept) is model-00001-of-... */
     qsort(files, (size_t)nf, sizeof *files, cmp_str);
     int u = 0;
     for (int i = 0; i < nf; i++)
