@@ -1,7 +1,8 @@
 /* kernels/cpu stream tile: x (m, k) . dequant(W)^T without materialising W, in passes of up to 8 rows of x.
  *
  * Arithmetic of one output element y[r][j] (identical on every path, for every m, pass and thread count):
- *   per group g: d = 8 float lanes, d[l] = fma(x[c], q[c], d[l]) over the group's columns c = 8i + l in order;
+ *   per group g: two sets of 8 float lanes: e[l] = fma(x[c], q[c], e[l]) over the group's even chunks of 8
+ *                columns (c = 8i + l, i even) in order, o[l] likewise over the odd chunks; d[l] = e[l] + o[l];
  *                acc[l] = fma(scale_g, d[l], acc[l]);  bacc = fma(bias_g, sx[r][g], bacc)
  *   y = hsum(acc) + bacc, hsum(a) = ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)).
  *   sx[r][g] (sum of x over the group) uses 8 lanes of plain adds and the same hsum.
@@ -101,7 +102,10 @@ void keel_cpu_relu2(float *y, size_t n) {
 /* The 8 codes starting at byte p (they fill exactly `bits` bytes); near the matrix's end, read only those. */
 static inline uint64_t load_codes(const uint8_t *p, int bits, bool full) {
     uint64_t v = 0;
-    memcpy(&v, p, full ? 8u : (size_t)bits);
+    if (full)
+        memcpy(&v, p, 8);
+    else
+        memcpy(&v, p, (size_t)bits);
     return v;
 }
 
@@ -122,23 +126,24 @@ static void q_pass_portable(const tile *t, int j, int r0, int R) {
     const uint8_t *row = (const uint8_t *)W->w + (size_t)j * t->row_bytes;
     const size_t avail = t->total_bytes - (size_t)j * t->row_bytes;
     const uint64_t mask = (1u << bits) - 1u;
-    float acc[PASS][LANES] = {{0}}, bacc[PASS] = {0};
+    float acc[PASS][LANES] = {{0}}, bacc[PASS] = {0}, q[128];
     for (int g = 0; g < ng; g++) {
         const size_t gi = (size_t)j * (size_t)ng + (size_t)g;
         const float s = sb_get(W->sdt, W->scales, gi), b = sb_get(W->sdt, W->biases, gi);
-        float d[PASS][LANES] = {{0}};
-        for (int c0 = g * G; c0 < (g + 1) * G; c0 += LANES) {
-            const size_t off = (size_t)c0 * (size_t)bits / 8u;
+        for (int i = 0; i < G; i += LANES) { /* decode the group once for all rows of the pass */
+            const size_t off = (size_t)(g * G + i) * (size_t)bits / 8u;
             const uint64_t v = load_codes(row + off, bits, off + 8u <= avail);
-            float q[LANES];
-            for (int l = 0; l < LANES; l++) q[l] = (float)(uint32_t)((v >> (l * bits)) & mask);
-            for (int r = 0; r < R; r++) {
-                const float *xr = t->x + (size_t)(r0 + r) * (size_t)k + (size_t)c0;
-                for (int l = 0; l < LANES; l++) d[r][l] = fmaf(xr[l], q[l], d[r][l]);
-            }
+            for (int l = 0; l < LANES; l++) q[i + l] = (float)(uint32_t)((v >> (l * bits)) & mask);
         }
         for (int r = 0; r < R; r++) {
-            for (int l = 0; l < LANES; l++) acc[r][l] = fmaf(s, d[r][l], acc[r][l]);
+            const float *xr = t->x + (size_t)(r0 + r) * (size_t)k + (size_t)g * (size_t)G;
+            float e[LANES] = {0}, o[LANES] = {0};
+            for (int i = 0; i < G; i += 2 * LANES)
+                for (int l = 0; l < LANES; l++) {
+                    e[l] = fmaf(xr[i + l], q[i + l], e[l]);
+                    o[l] = fmaf(xr[i + LANES + l], q[i + LANES + l], o[l]);
+                }
+            for (int l = 0; l < LANES; l++) acc[r][l] = fmaf(s, e[l] + o[l], acc[r][l]);
             bacc[r] = fmaf(b, t->sx[(size_t)(r0 + r) * (size_t)ng + (size_t)g], bacc[r]);
         }
     }
@@ -182,41 +187,71 @@ KEEL_AVX2 static void sumx_avx2(const float *x, int k, int group, float *sx) {
     }
 }
 
-/* R is a compile-time constant at every call site, so the accumulators live in registers. */
+/* 8 codes at byte p (they fill exactly `bits` bytes) as floats; `full` allows a plain 8-byte load there. */
+KEEL_AVX2 static inline __m256 decode8_avx2(const uint8_t *p, int bits, bool full, __m256i ctl, __m256i shv,
+                                            __m256i mk) {
+    const __m256i vb = _mm256_set1_epi64x((long long)load_codes(p, bits, full));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(vb, ctl), shv), mk));
+}
+
+/* Rows [0, R) of a group whose codes sit decoded in q: even/odd chunk chains, then acc = fma(s, e + o, acc). */
+KEEL_AVX2 static inline __attribute__((always_inline)) void rows_avx2(const __m256 *q, int G, const float *const *xr,
+                                                                     const int R, __m256 sv, __m256 *acc) {
+    __m256 e[4], o[4];
+    for (int r = 0; r < R; r++) e[r] = o[r] = _mm256_setzero_ps();
+    for (int i = 0; i < G / LANES; i += 2)
+        for (int r = 0; r < R; r++) {
+            e[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + i * LANES), q[i], e[r]);
+            o[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + (i + 1) * LANES), q[i + 1], o[r]);
+        }
+    for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(sv, _mm256_add_ps(e[r], o[r]), acc[r]);
+}
+
+/* R is a compile-time constant at every call site, so the accumulators live in registers. Up to 4 rows decode
+ * straight into registers; 5..8 rows decode the group once into a small buffer and run two blocks of rows. */
 KEEL_AVX2 static inline __attribute__((always_inline)) void q_pass_avx2_r(const tile *t, int j, int r0, const int R) {
     const keel_qmat *W = t->W;
-    const int k = W->k, G = W->group, bits = W->bits, ng = t->ng;
+    const int k = W->k, G = W->group, ng = t->ng, bits = W->bits;
     const uint8_t *row = (const uint8_t *)W->w + (size_t)j * t->row_bytes;
     const size_t avail = t->total_bytes - (size_t)j * t->row_bytes;
     const __m256i ctl = _mm256_loadu_si256((const __m256i *)t->ctl);
     const __m256i shv = _mm256_loadu_si256((const __m256i *)t->sh);
-    const __m256i mk = _mm256_set1_epi32((int)((1u << bits) - 1u));
+    const __m256i mk = _mm256_set1_epi32((int)((1u << W->bits) - 1u));
     const float *xr[PASS];
-    __m256 acc[PASS];
+    __m256 acc[PASS], q[128 / LANES];
     float bacc[PASS];
     for (int r = 0; r < R; r++) {
-        xr[r] = t->x + (size_t)(r0 + r) * (size_t)k;
         acc[r] = _mm256_setzero_ps();
         bacc[r] = 0.0f;
     }
     for (int g = 0; g < ng; g++) {
         const size_t gi = (size_t)j * (size_t)ng + (size_t)g;
         const float s = sb_get(W->sdt, W->scales, gi), b = sb_get(W->sdt, W->biases, gi);
-        __m256 d[PASS];
-        for (int r = 0; r < R; r++) d[r] = _mm256_setzero_ps();
-        for (int c0 = g * G; c0 < (g + 1) * G; c0 += LANES) {
-            const size_t off = (size_t)c0 * (size_t)bits / 8u;
-            const uint64_t v = load_codes(row + off, bits, off + 8u <= avail);
-            const __m256i vb = _mm256_set1_epi64x((long long)v);
-            const __m256i qi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(vb, ctl), shv), mk);
-            const __m256 q = _mm256_cvtepi32_ps(qi);
-            for (int r = 0; r < R; r++) d[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + c0), q, d[r]);
-        }
         const __m256 sv = _mm256_set1_ps(s);
-        for (int r = 0; r < R; r++) {
-            acc[r] = _mm256_fmadd_ps(sv, d[r], acc[r]);
-            bacc[r] = fmaf(b, t->sx[(size_t)(r0 + r) * (size_t)ng + (size_t)g], bacc[r]);
+        const int c0 = g * G;
+        for (int r = 0; r < R; r++) xr[r] = t->x + (size_t)(r0 + r) * (size_t)k + (size_t)c0;
+        const uint8_t *p = row + (size_t)c0 * (size_t)bits / 8u;
+        const size_t gend = (size_t)(c0 + G) * (size_t)bits / 8u; /* the group's last 8-byte load ends here */
+        const bool full = gend - (size_t)bits + 8u <= avail;
+        if (R <= 4) {
+            __m256 e[4], o[4];
+            for (int r = 0; r < R; r++) e[r] = o[r] = _mm256_setzero_ps();
+            for (int i = 0; i < G; i += 2 * LANES) {
+                const __m256 qe = decode8_avx2(p, bits, full, ctl, shv, mk);
+                const __m256 qo = decode8_avx2(p + bits, bits, full, ctl, shv, mk);
+                p += 2 * bits;
+                for (int r = 0; r < R; r++) {
+                    e[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + i), qe, e[r]);
+                    o[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + i + LANES), qo, o[r]);
+                }
+            }
+            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(sv, _mm256_add_ps(e[r], o[r]), acc[r]);
+        } else {
+            for (int i = 0; i < G / LANES; i++, p += bits) q[i] = decode8_avx2(p, bits, full, ctl, shv, mk);
+            rows_avx2(q, G, xr, 4, sv, acc);
+            rows_avx2(q, G, xr + 4, R - 4, sv, acc + 4);
         }
+        for (int r = 0; r < R; r++) bacc[r] = fmaf(b, t->sx[(size_t)(r0 + r) * (size_t)ng + (size_t)g], bacc[r]);
     }
     for (int r = 0; r < R; r++) store(t, r0 + r, j, hsum8_avx2(acc[r]) + bacc[r]);
 }
