@@ -149,7 +149,7 @@ static keel_code bind_mat(binder *b, const char *path, int n_expert, int out, in
         if (!shape_eq(tw, nd, want)) {
             char what[160] = "";
             int64_t cols = tw->ndim >= 1 ? tw->shape[tw->ndim - 1] : 0;
-            if (tw->ndim == nd && (cols * 32) % in == 0)
+            if (tw->ndim == nd && (cols * 32) % in == 0 && cols * 32 / in != bits)
                 fmt(what, sizeof what, " (bits=%d from the map for %d inputs; the file's width means bits=%lld)",
                          bits, in, (long long)(cols * 32 / in));
             else
@@ -169,7 +169,7 @@ static keel_code bind_mat(binder *b, const char *path, int n_expert, int out, in
             if (!shape_eq(t, nd, want)) {
                 char what[160] = "";
                 int64_t cols = t->ndim >= 1 ? t->shape[t->ndim - 1] : 0;
-                if (t->ndim == nd && cols > 0 && in % cols == 0)
+                if (t->ndim == nd && cols > 0 && in % cols == 0 && in / cols != group)
                     fmt(what, sizeof what, " (group=%d from the map for %d inputs; the file's means group=%lld)",
                              group, in, (long long)(in / cols));
                 else
