@@ -16,8 +16,10 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	@$(BUILD)/keel synth configs/demo.json $(DEMO_DIR) --seed 1 >/dev/null
-	@$(BUILD)/keel info $(DEMO_DIR)
+	@$(BUILD)/keel synth configs/demo.json $(DEMO_DIR) --seed 1 --mtp-bits 6 >/dev/null
+	@$(BUILD)/keel info $(DEMO_DIR) | head -n 9
+	@echo "--- keel run $(DEMO_DIR) --prompt 'Hello from keel' -n 32 --greedy (random weights: the text is noise)"
+	@$(BUILD)/keel run $(DEMO_DIR) --prompt "Hello from keel" -n 32 --greedy
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

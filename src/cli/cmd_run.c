@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "engine/engine.h"
@@ -191,11 +192,24 @@ static int choose_ctx(const char *cmd, const run_args *a, const keel_config *c, 
 
 typedef struct stream {
     bool ids;
+    bool tty; /* stdout is a terminal: control bytes are shown as U+FFFD instead of driving it */
     keel_detok d;
     int n;
     bool failed;
     keel_err err;
 } stream;
+
+static void write_text(const char *buf, size_t n, bool tty) {
+    if (!tty) {
+        fwrite(buf, 1, n, stdout);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)buf[i];
+        if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) fputs("\xef\xbf\xbd", stdout);
+        else putchar(c);
+    }
+}
 
 static int on_token(void *user, int tok, int64_t pos) {
     (void)pos;
@@ -209,7 +223,7 @@ static int on_token(void *user, int tok, int64_t pos) {
             s->failed = true;
             return 1;
         }
-        fwrite(buf, 1, w, stdout);
+        write_text(buf, w, s->tty);
     }
     s->n++;
     fflush(stdout);
@@ -241,7 +255,7 @@ int keel_cli_run(int argc, char **argv) {
     keel_tokenizer *t = NULL;
     int *ids = NULL, n = 0;
     keel_engine e = {0};
-    stream st = {.ids = a.ids};
+    stream st = {.ids = a.ids, .tty = isatty(fileno(stdout)) != 0};
     if (!a.ids || a.prompt) {
         rc = load_tokenizer(cmd, &m, a.prompt ? "--prompt" : "printing text (without --ids)", &t);
         if (rc) goto done;
@@ -268,7 +282,7 @@ int keel_cli_run(int argc, char **argv) {
     if (!a.ids && t) {
         char tail[16];
         size_t w = keel_detok_flush(&st.d, tail, sizeof tail);
-        fwrite(tail, 1, w, stdout);
+        write_text(tail, w, st.tty);
     }
     printf("\n");
     fflush(stdout);
