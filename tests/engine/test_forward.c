@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
+#include "kernels/cpu/cpu.h"
 
 typedef struct fx {
     keel_model model;
@@ -35,6 +36,7 @@ static int setup(void **state) {
         print_message("KEEL_FIXTURES is not set\n");
         return -1;
     }
+    keel_cpu_set_threads(1); /* results do not depend on it; test machines are small and shared */
     fx *f = calloc(1, sizeof *f);
     snprintf(f->dir, sizeof f->dir, "%s/nemotron_h_tiny", root);
     char path[1200];
@@ -284,12 +286,51 @@ static void test_mtp(void **state) {
     keel_engine_free(&e);
 }
 
+/* Prompts longer than one pass (KEEL_ENGINE_CHUNK rows) give the bits of one-token decodes across the seams. */
+static void test_long_prompt_chunks(void **state) {
+    fx *f = *state;
+    const keel_config *c = &f->model.cfg;
+    enum { N = 2 * KEEL_ENGINE_CHUNK + 21 };
+    int toks[N];
+    for (int i = 0; i < N; i++) toks[i] = f->tokens[(i * 7) % f->n_tok] ^ (i & 3);
+    keel_engine e;
+    keel_err err = {0};
+    assert_int_equal(keel_engine_init(&e, &f->model, N, &err), KEEL_OK);
+    float *l1 = malloc((size_t)N * c->vocab * sizeof(float)), *l2 = malloc((size_t)N * c->vocab * sizeof(float));
+    assert_int_equal(keel_engine_forward(&e, toks, N, l1, KEEL_LOGITS_ALL, NULL, &err), KEEL_OK);
+    keel_engine_reset(&e);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(keel_engine_forward(&e, toks + i, 1, l2 + (size_t)i * c->vocab, KEEL_LOGITS_ALL, NULL, &err),
+                         KEEL_OK);
+    assert_memory_equal(l1, l2, (size_t)N * c->vocab * sizeof(float));
+    free(l1);
+    free(l2);
+    keel_engine_free(&e);
+}
+
+static void test_mtp_absent(void **state) {
+    fx *f = *state;
+    keel_model m;
+    keel_err err = {0};
+    assert_int_equal(keel_model_load(&m, f->dir, "", &err), KEEL_OK);
+    assert_false(m.has_mtp);
+    keel_engine e;
+    assert_int_equal(keel_engine_init(&e, &m, 8, &err), KEEL_OK);
+    float h[256] = {0}, lg[512];
+    int next = 3;
+    assert_int_equal(keel_engine_mtp(&e, h, &next, 1, lg, NULL, &err), KEEL_E_MISSING);
+    assert_non_null(strstr(err.msg, "MTP"));
+    keel_engine_free(&e);
+    keel_model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_teacher_forced), cmocka_unit_test(test_prefill_equals_decode),
         cmocka_unit_test(test_greedy_generation), cmocka_unit_test(test_eos_stop),
         cmocka_unit_test(test_context_limit), cmocka_unit_test(test_bad_token),
-        cmocka_unit_test(test_mtp),
+        cmocka_unit_test(test_mtp), cmocka_unit_test(test_long_prompt_chunks),
+        cmocka_unit_test(test_mtp_absent),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
