@@ -430,7 +430,11 @@ static keel_tokenizer *small_tokenizer(const char *name, const char *model_extra
     assert_non_null(j);
     cJSON *model = cJSON_GetObjectItem(j, "model");
     cJSON_AddItemToObject(model, "vocab", vocab);
-    if (model_extra) merge_patch(model, cJSON_Parse(model_extra));
+    if (model_extra) {
+        cJSON *patch = cJSON_Parse(model_extra);
+        merge_patch(model, patch);
+        cJSON_Delete(patch);
+    }
     cJSON_AddItemToObject(j, "pre_tokenizer", cJSON_Parse(pre));
     keel_tokenizer *t = load_json(name, j);
     cJSON_Delete(j);
