@@ -15,10 +15,20 @@
 
 #define DEFAULT_CTX 4096
 
+static const char *const RUN_USAGE =
+    "usage: keel run MODEL_DIR (--prompt TEXT | --tokens 1,2,3) [-n N] [--greedy | --temp T --top-p P --top-k K\n"
+    "                [--min-p M]] [--seed S] [--ids] [--ignore-eos] [--ctx N] [--threads T]\n"
+    "  streams the generated text (with --ids the ids) to stdout; speed and the stop reason go to stderr.\n"
+    "  defaults: -n 128, --temp 0.8 --top-p 0.95 --min-p 0.05 --top-k 0 (off), --seed 0, --ctx max(4096, prompt+n) up to the model's limit\n";
+static const char *const LOGITS_USAGE =
+    "usage: keel logits MODEL_DIR (--tokens 1,2,3 | --prompt TEXT) --out FILE.safetensors [--mtp] [--threads T]\n"
+    "  writes teacher-forced `logits` (positions x vocab), `hidden` (after norm_f), `tokens` and, with --mtp,\n"
+    "  `mtp_logits` and `mtp_hidden` (positions-1 rows: the head at position i reads token i+1), all F32.\n";
+
 typedef struct run_args {
     const char *dir, *prompt, *tokens, *out;
     int n_predict, ctx, threads;
-    bool greedy, ids, mtp;
+    bool greedy, ids, mtp, ignore_eos;
     keel_sampler_cfg samp;
 } run_args;
 
@@ -40,7 +50,8 @@ static bool parse_float(const char *s, float *out) {
     return true;
 }
 
-/* Parses the options of both commands; `logits` selects which are allowed. Returns 0 or an exit status. */
+/* Parses the options of both commands; `logits` selects which are allowed. Returns 0, an exit status, or -1
+ * after printing the usage for --help. */
 static int parse_args(const char *cmd, int argc, char **argv, bool logits, run_args *a) {
     memset(a, 0, sizeof *a);
     a->n_predict = 128;
@@ -51,12 +62,17 @@ static int parse_args(const char *cmd, int argc, char **argv, bool logits, run_a
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
         bool takes = true;
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            fputs(logits ? LOGITS_USAGE : RUN_USAGE, stdout);
+            return -1;
+        }
         if (o[0] != '-' && !a->dir) {
             a->dir = o;
             continue;
         }
         if (!strcmp(o, "--greedy") && !logits) a->greedy = true, takes = false;
         else if (!strcmp(o, "--ids") && !logits) a->ids = true, takes = false;
+        else if (!strcmp(o, "--ignore-eos") && !logits) a->ignore_eos = true, takes = false;
         else if (!strcmp(o, "--mtp") && logits) a->mtp = true, takes = false;
         if (!takes) continue;
         if (!v) return keel_cli_fail(cmd, "option %s needs a value (or is unknown)", o);
@@ -244,7 +260,7 @@ int keel_cli_run(int argc, char **argv) {
     const char *cmd = "run";
     run_args a;
     int rc = parse_args(cmd, argc, argv, false, &a);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? 0 : rc;
     if (a.threads) keel_cpu_set_threads(a.threads);
     keel_model m;
     keel_err err = {0};
@@ -276,7 +292,8 @@ int keel_cli_run(int argc, char **argv) {
         goto done;
     }
     if (t) keel_detok_init(&st.d, t);
-    keel_gen_opts o = {.n_predict = a.n_predict, .samp = a.samp};
+    static const int no_eos[1] = {-1};
+    keel_gen_opts o = {.n_predict = a.n_predict, .samp = a.samp, .eos = a.ignore_eos ? no_eos : NULL, .n_eos = 0};
     keel_gen_result res;
     keel_code gc = keel_generate(&e, ids, n, &o, on_token, &st, &res, &err);
     if (!a.ids && t) {
@@ -314,7 +331,7 @@ int keel_cli_logits(int argc, char **argv) {
     const char *cmd = "logits";
     run_args a;
     int rc = parse_args(cmd, argc, argv, true, &a);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? 0 : rc;
     if (a.threads) keel_cpu_set_threads(a.threads);
     keel_model m;
     keel_err err = {0};

@@ -120,6 +120,30 @@ static void test_context_stop(void **state) {
     assert_non_null(strstr(g_err, "context limit"));
 }
 
+/* Greedy from this prompt reaches an eos id of the fixture (2 or 11): the run stops there, and --ignore-eos
+ * goes through it. */
+static void test_eos_stop(void **state) {
+    (void)state;
+    char toks[4096], stopped[4096];
+    int32_t t[128];
+    for (int i = 0; i < 128; i++) t[i] = i * 37 % 490 + 14;
+    ids_text(t, 128, toks, sizeof toks, ",");
+    assert_int_equal(keel("run '%s' --tokens %s -n 40 --greedy --ids", g_fix, toks), 0);
+    assert_non_null(strstr(g_err, "end of sequence"));
+    g_out[strcspn(g_out, "\n")] = 0;
+    keep(stopped, sizeof stopped, g_out);
+    int n_stopped = 0;
+    for (char *p = stopped; *p; p++) n_stopped += *p == ' ';
+    n_stopped += stopped[0] != 0;
+    assert_true(n_stopped < 40);
+    assert_int_equal(keel("run '%s' --tokens %s -n 40 --greedy --ids --ignore-eos", g_fix, toks), 0);
+    assert_non_null(strstr(g_err, "token budget"));
+    size_t k = strlen(stopped);
+    assert_memory_equal(g_out, stopped, k); /* the same tokens up to the stop */
+    long next = strtol(g_out + k, NULL, 10);
+    assert_true(next == 2 || next == 11);   /* then the eos id itself */
+}
+
 static void test_seeded_sampling(void **state) {
     (void)state;
     char toks[4096], a[4096], b[4096];
@@ -312,7 +336,7 @@ static void test_bad_options(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_ids),        cmocka_unit_test(test_context_stop),
-        cmocka_unit_test(test_seeded_sampling),   cmocka_unit_test(test_prompt_text),
+        cmocka_unit_test(test_eos_stop),          cmocka_unit_test(test_seeded_sampling),   cmocka_unit_test(test_prompt_text),
         cmocka_unit_test(test_logits_file),       cmocka_unit_test(test_bad_token_id),
         cmocka_unit_test(test_prompt_longer_than_context), cmocka_unit_test(test_missing_tokenizer),
         cmocka_unit_test(test_tokenizer_vocab_mismatch),   cmocka_unit_test(test_bad_options),
