@@ -12,6 +12,7 @@ int keel_cli_tokenize(int argc, char **argv);   /* cmd_tokenize.c */
 int keel_cli_detokenize(int argc, char **argv); /* cmd_tokenize.c */
 int keel_cli_bench(int argc, char **argv);      /* cmd_bench.c */
 int keel_cli_contract(int argc, char **argv);   /* cmd_contract.c */
+int keel_cli_audit(int argc, char **argv);      /* cmd_audit.c */
 
 /* Reports a failure: "keel <cmd>: <reason>" on stderr; returns 1 for use as an exit status. */
 int keel_cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -14,13 +14,14 @@ typedef struct command {
 static const command commands[] = {
     {"info", keel_cli_info, "info MODEL_DIR [--mtp FILE] [--json]"},
     {"quantize", keel_cli_quantize, "quantize IN OUT --bits B --group G [--scales bf16|f16|f32] [--plan PLAN.json]"},
-    {"synth", keel_cli_synth, "synth CONFIG OUT_DIR [--bits B] [--group G] [--mtp-bits B] [--seed S]"},
+    {"synth", keel_cli_synth, "synth CONFIG OUT_DIR [--bits B] [--group G] [--scales bf16|f16|f32] [--mtp-bits B] [--seed S]"},
     {"run", keel_cli_run, "run MODEL_DIR (--prompt TEXT | --tokens 1,2,3) [-n N] [--greedy | --temp T ...]"},
     {"logits", keel_cli_logits, "logits MODEL_DIR (--tokens 1,2,3 | --prompt TEXT) --out FILE [--mtp]"},
     {"tokenize", keel_cli_tokenize, "tokenize MODEL_DIR TEXT [--json]"},
     {"detokenize", keel_cli_detokenize, "detokenize MODEL_DIR IDS"},
     {"bench", keel_cli_bench, "bench cpu|stream|decode ..."},
     {"contract", keel_cli_contract, "contract [--backend cpu|cuda|all] [--filter REGEX] [--json FILE] [--list]"},
+    {"audit", keel_cli_audit, "audit [--chips LIST] [--print-records]"},
 };
 
 int keel_cli_fail(const char *cmd, const char *fmt, ...) {
