@@ -7,6 +7,9 @@
 
 #include "cli.h"
 #include "kernels/cpu/cpu.h"
+#ifdef KEEL_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
 
 #define BENCH_GROUP 64
 #define BENCH_MIN_REPS 3
@@ -198,7 +201,11 @@ int keel_cli_bench(int argc, char **argv) {
     const char *what = argv[1];
     if (!strcmp(what, "cpu")) return bench_cpu_args(argc - 1, argv + 1);
     /* ---- `keel bench stream` (CUDA stream tile): its owner adds it here. ---- */
-    if (!strcmp(what, "stream")) return keel_cli_fail("bench stream", "needs a CUDA build and device");
+#ifdef KEEL_HAVE_CUDA
+    if (!strcmp(what, "stream")) return keel_cuda_bench_stream(argc - 1, argv + 1);
+#else
+    if (!strcmp(what, "stream")) return keel_cli_fail("bench stream", "this keel was built without CUDA (KEEL_CUDA=OFF)");
+#endif
     /* ---- `keel bench decode` (end-to-end decode): its owner adds it here. ---- */
     if (!strcmp(what, "decode")) return keel_cli_fail("bench decode", "needs a CUDA build and device");
     return keel_cli_fail("bench", "unknown benchmark '%s' (expected cpu, stream or decode)", what);

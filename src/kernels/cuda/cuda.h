@@ -3,6 +3,13 @@
 #define KEEL_KERNELS_CUDA_H
 
 #include "../../core/core.h"
+#ifdef __cplusplus
+extern "C" { /* format.h and cpu.h are plain C without their own guards */
+#endif
+#include "../cpu/cpu.h"
+#ifdef __cplusplus
+}
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -12,6 +19,60 @@ extern "C" {
 int keel_cuda_device_count(void);
 /* Describes device 0 ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB") into buf; false when there is none. */
 bool keel_cuda_device_name(char *buf, size_t cap);
+
+/* ---- device memory (tests, benchmarks and the engine's uploads); failures abort via KEEL_CUDA_CHECK ---- */
+void *keel_cuda_malloc(size_t bytes);
+void keel_cuda_free(void *p); /* accepts NULL */
+void keel_cuda_upload(void *dst, const void *src, size_t bytes);
+void keel_cuda_download(void *dst, const void *src, size_t bytes);
+void keel_cuda_memset(void *dst, int byte, size_t bytes);
+void keel_cuda_sync(void);
+
+/* ---- stream tiles: y (m, n) = epi(x (m, k) . dequant(W)^T) for m = 1..8 rows, read straight from the packed
+ * MLX affine codes (docs/stream-tiles.md). Per group: scale*sum(x*q) + bias*sum(x), fp32 accumulation.
+ * Row r of an m-row launch is bit-identical to a 1-row launch of row r; repeated launches are bit-identical.
+ * All pointers are device pointers; `stream` is a cudaStream_t (NULL: the default stream). Shapes are the
+ * caller's invariants (checked by KEEL_ASSERT): bits 2..8 valid, group 32/64/128, k % group == 0. ---- */
+
+#define KEEL_CUDA_STREAM_MAX_ROWS 8
+
+/* A packed matrix on the device, or a stack of E experts (E, n, k) with the given strides between experts. */
+typedef struct keel_cuda_qw {
+    const uint32_t *w;      /* (n, k*bits/32) codes per expert */
+    const void *scales;     /* (n, k/group) per expert */
+    const void *biases;
+    int n, k, bits, group;
+    keel_dtype sdt;         /* BF16, F16 or F32 */
+    int64_t expert_words;   /* words between experts' codes (0 for a single matrix) */
+    int64_t expert_groups;  /* scale elements between experts */
+} keel_cuda_qw;
+
+/* One routed item: an expert and the tokens (bits of rows 0..m-1) that selected it. */
+typedef struct keel_cuda_route {
+    int32_t expert;
+    uint32_t mask;
+} keel_cuda_route;
+
+/* x: (m, k) BF16 or F16, row-major; y: (m, n) F32 or BF16. */
+void keel_cuda_stream_matmul(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y, keel_dtype ydt,
+                             keel_epilogue epi, void *stream);
+/* The unfused epilogue: y[i] = relu(y[i])^2 in place (F32 or BF16, computed in fp32). */
+void keel_cuda_relu2(void *y, keel_dtype ydt, size_t count, void *stream);
+/* Routed fc1 in one launch: for item i (device array), h[i] (m, n) rows in items[i].mask = epi(x . W1[e]^T);
+ * other rows of h[i] are left untouched. h: (n_items, m, n) of dtype hdt. */
+void keel_cuda_stream_experts_up(const keel_cuda_qw *W1, const void *x, keel_dtype xdt, int m,
+                                 const keel_cuda_route *items, int n_items, void *h, keel_dtype hdt,
+                                 keel_epilogue epi, void *stream);
+/* Routed fc2 in one launch: y[r] = sum over items i in list order with r in mask of weights[i*8+r] * (h[i][r] .
+ * W2[e]^T); each output element is owned by one thread, so the sum order is fixed. h: (n_items, m, k). */
+void keel_cuda_stream_experts_down(const keel_cuda_qw *W2, const void *h, keel_dtype hdt, int m,
+                                   const keel_cuda_route *items, const float *weights, int n_items, void *y,
+                                   keel_dtype ydt, void *stream);
+/* The k-split a launch of this shape uses (1 = none); it depends on n, k and the device, never on m. */
+int keel_cuda_stream_splits(int n, int k, int n_items);
+
+/* `keel bench stream`: the stream tiles against the chip's read bandwidth and cuBLAS (src/kernels/cuda). */
+int keel_cuda_bench_stream(int argc, char **argv);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,297 @@
+/* `keel bench stream`: times the stream tiles on Nemotron 3 Nano's real shapes against the chip's read bandwidth
+ * (a plain streaming-read kernel, measured in the same run) and cuBLAS bf16 (cublasGemmEx). Every launch reads
+ * from DRAM: weight copies are rotated so that they total more than 4x the L2. Medians of CUDA-event times. */
+#include <cublas_v2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda.h"
+#include "port.h"
+
+#define KEEL_CUBLAS_CHECK(call)                                                                    \
+    do {                                                                                           \
+        cublasStatus_t kb_s_ = (call);                                                             \
+        if (kb_s_ != CUBLAS_STATUS_SUCCESS) keel_panic(__FILE__, __LINE__, "%s: status %d", #call, (int)kb_s_); \
+    } while (0)
+
+namespace {
+
+__device__ __forceinline__ uint32_t hash32(uint64_t i, uint32_t seed) {
+    uint64_t x = i * 0x9e3779b97f4a7c15ull + seed;
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    return (uint32_t)x;
+}
+
+/* Random codes, small bf16 scales and biases, bf16 values in [-1, 1) (kind 0: words, 1: scales, 2: bias/x). */
+__global__ void fill_kernel(uint32_t *w, size_t words, uint32_t seed, int kind) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = hash32(i, seed);
+        if (kind == 0) {
+            w[i] = h;
+        } else {
+            float a = kind == 1 ? 0.001f + 0.004f * (float)(h & 0xffff) / 65536.f : ((float)(h & 0xffff) / 32768.f - 1.f);
+            float b = kind == 1 ? 0.001f + 0.004f * (float)(h >> 16) / 65536.f : ((float)(h >> 16) / 32768.f - 1.f);
+            w[i] = (uint32_t)kp_f32_to_bf16(a) | (uint32_t)kp_f32_to_bf16(b) << 16;
+        }
+    }
+}
+
+__global__ void read_kernel(const uint4 *p, size_t n, uint32_t *out) {
+    uint32_t acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = kp_ld_stream16(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) out[0] = acc; /* keeps the loads alive */
+}
+
+void fill(void *p, size_t bytes, uint32_t seed, int kind) {
+    fill_kernel<<<1024, 256>>>((uint32_t *)p, bytes / 4, seed, kind);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+struct Timer {
+    cudaEvent_t a, b;
+    Timer() {
+        KEEL_CUDA_CHECK(cudaEventCreate(&a));
+        KEEL_CUDA_CHECK(cudaEventCreate(&b));
+    }
+    ~Timer() {
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+    }
+};
+
+/* Median microseconds of `reps` launches of f(i), each between its own pair of events. */
+template <class F> double median_us(int reps, F f) {
+    for (int i = 0; i < 3; i++) f(i);
+    std::vector<cudaEvent_t> ev(2 * reps);
+    for (auto &e : ev) KEEL_CUDA_CHECK(cudaEventCreate(&e));
+    for (int i = 0; i < reps; i++) {
+        KEEL_CUDA_CHECK(cudaEventRecord(ev[2 * i]));
+        f(i);
+        KEEL_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1]));
+    }
+    KEEL_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<double> t(reps);
+    for (int i = 0; i < reps; i++) {
+        float ms = 0;
+        KEEL_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+        t[i] = ms * 1000.0;
+    }
+    for (auto &e : ev) cudaEventDestroy(e);
+    std::sort(t.begin(), t.end());
+    return t[reps / 2];
+}
+
+const size_t kRotateBytes = 256ull << 20; /* > 4 x 60 MB of L2 */
+
+double g_read_gbs = 0;
+cublasHandle_t g_blas;
+
+struct Shape {
+    const char *name;
+    int n, k;
+};
+
+/* Packed matrices (copies rotated), bytes per launch, and the launch. */
+struct Packed {
+    std::vector<keel_cuda_qw> w;
+    std::vector<void *> mem;
+    size_t bytes = 0; /* codes + scales + biases of one copy */
+    void make(int n, int k, int bits, int group, int experts, size_t min_total) {
+        size_t cw = (size_t)experts * n * ((size_t)k * bits / 32) * 4, sb = (size_t)experts * n * (k / group) * 2;
+        bytes = cw + 2 * sb;
+        int copies = (int)std::max<size_t>(2, (min_total + bytes - 1) / bytes);
+        for (int c = 0; c < copies; c++) {
+            void *a = keel_cuda_malloc(cw), *s = keel_cuda_malloc(sb), *b = keel_cuda_malloc(sb);
+            fill(a, cw, 17u + c, 0);
+            fill(s, sb, 91u + c, 1);
+            fill(b, sb, 333u + c, 2);
+            keel_cuda_qw q = {};
+            q.w = (const uint32_t *)a;
+            q.scales = s;
+            q.biases = b;
+            q.n = n;
+            q.k = k;
+            q.bits = bits;
+            q.group = group;
+            q.sdt = KEEL_DT_BF16;
+            q.expert_words = (int64_t)n * k * bits / 32;
+            q.expert_groups = (int64_t)n * (k / group);
+            w.push_back(q);
+            mem.push_back(a);
+            mem.push_back(s);
+            mem.push_back(b);
+        }
+    }
+    ~Packed() {
+        for (void *p : mem) keel_cuda_free(p);
+    }
+};
+
+double cublas_us(int n, int k, int m, const void *x, float *y) {
+    size_t bytes = (size_t)n * k * 2;
+    int copies = (int)std::max<size_t>(2, (kRotateBytes + bytes - 1) / bytes);
+    std::vector<void *> w(copies);
+    for (int c = 0; c < copies; c++) {
+        w[c] = keel_cuda_malloc(bytes);
+        fill(w[c], bytes, 7u + c, 2);
+    }
+    const float one = 1.f, zero = 0.f;
+    double us = median_us(60, [&](int i) {
+        KEEL_CUBLAS_CHECK(cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w[i % copies], CUDA_R_16BF, k,
+                                       x, CUDA_R_16BF, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT));
+    });
+    for (void *p : w) keel_cuda_free(p);
+    return us;
+}
+
+void row(const char *name, int bits, int group, int m, double us, double bytes, double blas) {
+    double gbs = bytes / us / 1e3;
+    printf("%-14s %2d %4d %2d %10.2f %9.1f %6.1f%%", name, bits, group, m, us, gbs, 100.0 * gbs / g_read_gbs);
+    if (blas > 0)
+        printf(" %10.2f %7.2fx\n", blas, us / blas);
+    else
+        printf(" %10s %8s\n", "-", "-");
+    fflush(stdout);
+}
+
+} // namespace
+
+extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
+    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    if (argc > 1 && !quick) {
+        fprintf(stderr, "keel bench stream: unknown option '%s' (expected --quick)\n", argv[1]);
+        return 2;
+    }
+    if (keel_cuda_device_count() < 1) {
+        fprintf(stderr, "keel bench stream: no CUDA device\n");
+        return 1;
+    }
+    char dev[256];
+    keel_cuda_device_name(dev, sizeof dev);
+    KEEL_CUBLAS_CHECK(cublasCreate(&g_blas));
+
+    /* the chip's read bandwidth: a plain 16-byte streaming read of 4 GiB */
+    {
+        size_t bytes = 4ull << 30;
+        void *p = keel_cuda_malloc(bytes);
+        uint32_t *o = (uint32_t *)keel_cuda_malloc(4);
+        fill(p, bytes, 5u, 0);
+        double us = median_us(20, [&](int) {
+            read_kernel<<<132 * 16, 512>>>((const uint4 *)p, bytes / 16, o);
+            KEEL_CUDA_CHECK_LAUNCH();
+        });
+        g_read_gbs = bytes / us / 1e3;
+        keel_cuda_free(p);
+        keel_cuda_free(o);
+    }
+    printf("device: %s\nread bandwidth (plain streaming read, 4 GiB): %.0f GB/s\n", dev, g_read_gbs);
+    printf("bytes per launch = packed words + scales + biases + x + y; medians of CUDA-event times\n\n");
+    printf("%-14s %2s %4s %2s %10s %9s %7s %10s %8s\n", "shape", "b", "grp", "m", "us", "GB/s", "%read", "cublas_us",
+           "vs_cublas");
+
+    const Shape shapes[] = {{"in_proj", 10304, 2688}, {"out_proj", 2688, 4096}, {"q_proj", 4096, 2688},
+                            {"k_proj", 256, 2688},    {"v_proj", 256, 2688},    {"o_proj", 2688, 4096},
+                            {"shared_up", 3712, 2688}, {"shared_down", 2688, 3712}, {"lm_head", 131072, 2688},
+                            {"square16k", 16384, 16384}};
+    const int bits_list[] = {2, 3, 4, 5, 6, 8};
+    const int ms[] = {1, 8};
+    void *x = keel_cuda_malloc((size_t)8 * 16384 * 2);
+    fill(x, (size_t)8 * 16384 * 2, 3u, 2);
+    float *y = (float *)keel_cuda_malloc((size_t)8 * 131072 * 4);
+    int reps = quick ? 20 : 100;
+
+    for (const Shape &s : shapes) {
+        if (quick && strcmp(s.name, "lm_head") && strcmp(s.name, "square16k") && strcmp(s.name, "q_proj")) continue;
+        double blas[2] = {cublas_us(s.n, s.k, 1, x, y), cublas_us(s.n, s.k, 8, x, y)};
+        for (int bits : bits_list) {
+            std::vector<int> groups = {64};
+            if (!strcmp(s.name, "square16k")) groups = {32, 64, 128};
+            for (int group : groups) {
+                Packed P;
+                P.make(s.n, s.k, bits, group, 1, kRotateBytes);
+                for (int mi = 0; mi < 2; mi++) {
+                    int m = ms[mi];
+                    size_t copies = P.w.size();
+                    double us = median_us(reps, [&](int i) {
+                        keel_cuda_stream_matmul(&P.w[i % copies], x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE,
+                                                NULL);
+                    });
+                    double bytes = (double)P.bytes + (double)m * s.k * 2 + (double)m * s.n * 4;
+                    row(s.name, bits, group, m, us, bytes, blas[mi]);
+                }
+            }
+        }
+    }
+
+    /* routed experts: 128 experts stacked, fc1 1856x2688 (relu^2) then fc2 2688x1856, 6 per token */
+    {
+        const int E = 128, inter = 1856, hid = 2688, topk = 6;
+        void *h = keel_cuda_malloc((size_t)E * 8 * inter * 2);
+        keel_cuda_route *items = (keel_cuda_route *)keel_cuda_malloc(E * sizeof(keel_cuda_route));
+        float *wts = (float *)keel_cuda_malloc((size_t)E * 8 * sizeof(float));
+        std::vector<float> hw((size_t)E * 8, 0.1f);
+        keel_cuda_upload(wts, hw.data(), hw.size() * sizeof(float));
+        for (int bits : bits_list) {
+            if (quick && bits != 4) continue;
+            Packed up, down;
+            up.make(inter, hid, bits, 64, E, 0);
+            down.make(hid, inter, bits, 64, E, 0);
+            for (int m : ms) {
+                /* token r picks experts (r * 37 + j * 11) % E: distinct per token, overlapping across tokens */
+                std::vector<uint32_t> mask(E, 0);
+                for (int r = 0; r < m; r++)
+                    for (int j = 0; j < topk; j++) mask[(r * 37 + j * 11) % E] |= 1u << r;
+                std::vector<keel_cuda_route> it;
+                for (int e = 0; e < E; e++)
+                    if (mask[e]) it.push_back({e, mask[e]});
+                int ni = (int)it.size();
+                keel_cuda_upload(items, it.data(), ni * sizeof(keel_cuda_route));
+                double ebytes_up = (double)up.bytes / E * ni, ebytes_dn = (double)down.bytes / E * ni;
+                size_t cu = up.w.size();
+                double us_up = median_us(reps, [&](int i) {
+                    keel_cuda_stream_experts_up(&up.w[i % cu], x, KEEL_DT_BF16, m, items, ni, h, KEEL_DT_BF16,
+                                                KEEL_EPI_RELU2, NULL);
+                });
+                double us_dn = median_us(reps, [&](int i) {
+                    keel_cuda_stream_experts_down(&down.w[i % cu], h, KEEL_DT_BF16, m, items, wts, ni, y, KEEL_DT_F32,
+                                                  NULL);
+                });
+                /* the same fc1 as separate launches, one per selected expert */
+                double us_sep = median_us(reps, [&](int i) {
+                    for (int j = 0; j < ni; j++) {
+                        keel_cuda_qw one = up.w[i % cu];
+                        one.w += (size_t)it[j].expert * one.expert_words;
+                        one.scales = (const uint16_t *)one.scales + (size_t)it[j].expert * one.expert_groups;
+                        one.biases = (const uint16_t *)one.biases + (size_t)it[j].expert * one.expert_groups;
+                        keel_cuda_stream_matmul(&one, x, KEEL_DT_BF16, m, (uint16_t *)h + (size_t)j * m * inter,
+                                                KEEL_DT_BF16, KEEL_EPI_RELU2, NULL);
+                    }
+                });
+                char nm[32];
+                snprintf(nm, sizeof nm, "experts_fc1x%d", ni);
+                row(nm, bits, 64, m, us_up, ebytes_up + m * hid * 2.0 + (double)ni * m * inter * 2, 0);
+                snprintf(nm, sizeof nm, "experts_fc2x%d", ni);
+                row(nm, bits, 64, m, us_dn, ebytes_dn + (double)ni * m * inter * 2 + m * hid * 4.0, 0);
+                printf("%-14s %2d %4d %2d %10.2f   (%d separate fc1 launches; routed tile is %.2fx faster)\n",
+                       "  separate", bits, 64, m, us_sep, ni, us_sep / us_up);
+            }
+        }
+        keel_cuda_free(h);
+        keel_cuda_free(items);
+        keel_cuda_free(wts);
+    }
+    keel_cuda_free(x);
+    keel_cuda_free(y);
+    cublasDestroy(g_blas);
+    return 0;
+}

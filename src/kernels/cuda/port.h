@@ -1,0 +1,185 @@
+/* kernels/cuda: CUDA/HIP portability for the .cu sources: runtime names, half types, warp shuffles, the one
+ * tensor-core instruction the stream tile uses (with a portable twin), and KEEL_CUDA_CHECK. Wave size 32. */
+#ifndef KEEL_KERNELS_CUDA_PORT_H
+#define KEEL_KERNELS_CUDA_PORT_H
+
+#include <stdint.h>
+
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>
+#include <hip/hip_bf16.h>
+#include <hip/hip_fp16.h>
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaGetErrorString hipGetErrorString
+#define cudaGetLastError hipGetLastError
+#define cudaMalloc hipMalloc
+#define cudaFree hipFree
+#define cudaMemcpy hipMemcpy
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaMemset hipMemset
+#define cudaMemsetAsync hipMemsetAsync
+#define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+#define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define cudaDeviceSynchronize hipDeviceSynchronize
+#define cudaStream_t hipStream_t
+#define cudaGetDevice hipGetDevice
+#define cudaDeviceGetAttribute hipDeviceGetAttribute
+#define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define cudaFuncSetAttribute hipFuncSetAttribute
+#define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+typedef __hip_bfloat162 kp_bf162;
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+static_assert(__AMDGCN_WAVEFRONT_SIZE == 32, "keel kernels assume 32-wide waves (build with -mwavefrontsize32)");
+#endif
+#else
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+typedef __nv_bfloat162 kp_bf162;
+#endif
+
+#include "../../core/core.h"
+
+/* Aborts with file and line when a runtime call fails: a failing device is a broken environment mid-kernel. */
+#define KEEL_CUDA_CHECK(call)                                                                      \
+    do {                                                                                           \
+        cudaError_t kc_e_ = (call);                                                                \
+        if (kc_e_ != cudaSuccess) keel_panic(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorString(kc_e_)); \
+    } while (0)
+/* After every launch: launch-configuration errors surface here, not at the next unrelated call. */
+#define KEEL_CUDA_CHECK_LAUNCH() KEEL_CUDA_CHECK(cudaGetLastError())
+
+#define KP_FULL_MASK 0xffffffffu
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+/* 32-wide shuffle with an explicit mask on both toolchains. */
+static __device__ __forceinline__ uint32_t kp_shfl(uint32_t v, int src) {
+#if defined(__HIPCC__)
+    return (uint32_t)__shfl((int)v, src, 32);
+#else
+    return __shfl_sync(KP_FULL_MASK, v, src, 32);
+#endif
+}
+
+static __device__ __forceinline__ void kp_syncwarp(void) {
+#if defined(__HIPCC__)
+    __builtin_amdgcn_wave_barrier();
+#else
+    __syncwarp(KP_FULL_MASK);
+#endif
+}
+
+/* Streaming read of 16 bytes that bypasses L1 allocation where the toolchain offers it. */
+static __device__ __forceinline__ uint4 kp_ld_stream16(const uint4 *p) {
+#if defined(__HIPCC__)
+    return *p;
+#else
+    return __ldcs(p);
+#endif
+}
+static __device__ __forceinline__ uint32_t kp_ld_stream4(const uint32_t *p) {
+#if defined(__HIPCC__)
+    return *p;
+#else
+    return __ldcs(p);
+#endif
+}
+
+/* Exact a - b on packed pairs (bf16x2 or f16x2 as raw words); used only on small integers. */
+static __device__ __forceinline__ uint32_t kp_sub_bf16x2(uint32_t a, uint32_t b) {
+    kp_bf162 x, y, r;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    r = __hsub2(x, y);
+    uint32_t o;
+    memcpy(&o, &r, 4);
+    return o;
+}
+static __device__ __forceinline__ uint32_t kp_sub_f16x2(uint32_t a, uint32_t b) {
+    __half2 x, y, r;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    r = __hsub2(x, y);
+    uint32_t o;
+    memcpy(&o, &r, 4);
+    return o;
+}
+/* Two floats (exact small integers here) to a bf16x2 word, lo in the low half. */
+static __device__ __forceinline__ uint32_t kp_pack_bf16x2(float lo, float hi) {
+    kp_bf162 r = __floats2bfloat162_rn(lo, hi);
+    uint32_t o;
+    memcpy(&o, &r, 4);
+    return o;
+}
+
+static __device__ __forceinline__ float kp_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+static __device__ __forceinline__ float kp_f16_to_f32(uint16_t h) {
+    __half x;
+    memcpy(&x, &h, 2);
+    return __half2float(x);
+}
+/* Round to nearest even, NaN kept quiet: the same rule as core's keel_f32_to_bf16. */
+static __device__ __forceinline__ uint16_t kp_f32_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define KP_HAVE_MMA 1
+#endif
+
+/* D += A(16x16) * B(16x8), A row-major, B column-major, fp32 accumulate; fragments as in PTX m16n8k16. XF16
+ * selects f16 operands, else bf16. The portable twin gathers the operands with shuffles and sums in order. */
+template <bool XF16>
+static __device__ __forceinline__ void kp_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(KP_HAVE_MMA)
+    if (XF16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+#else
+    /* thread (g, t): d0,d1 = row g cols 2t,2t+1; d2,d3 = row g+8. A row g slots {2t,2t+1} in a[0], {2t+8,2t+9} in
+     * a[2] of lane 4g+t; B column n slots likewise in b[0], b[1] of lane 4n+t. */
+    int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int tt = 0; tt < 4; tt++) {
+        uint32_t ar[4], bc0[2], bc1[2];
+        for (int i = 0; i < 4; i++) ar[i] = kp_shfl(a[i], 4 * g + tt);
+        for (int i = 0; i < 2; i++) {
+            bc0[i] = kp_shfl(b[i], 4 * (2 * t) + tt);
+            bc1[i] = kp_shfl(b[i], 4 * (2 * t + 1) + tt);
+        }
+        for (int h = 0; h < 2; h++)       /* h: slot pair {2tt,2tt+1} (regs 0/1) or {2tt+8,..} (regs 2/3) */
+            for (int e = 0; e < 2; e++) { /* element within the pair */
+                int sh = 16 * e;
+                float a0, a1, b0, b1;
+                uint16_t ua0 = (uint16_t)(ar[2 * h] >> sh), ua1 = (uint16_t)(ar[2 * h + 1] >> sh);
+                uint16_t ub0 = (uint16_t)(bc0[h] >> sh), ub1 = (uint16_t)(bc1[h] >> sh);
+                if (XF16) {
+                    a0 = kp_f16_to_f32(ua0); a1 = kp_f16_to_f32(ua1); b0 = kp_f16_to_f32(ub0); b1 = kp_f16_to_f32(ub1);
+                } else {
+                    a0 = kp_bf16_to_f32(ua0); a1 = kp_bf16_to_f32(ua1); b0 = kp_bf16_to_f32(ub0); b1 = kp_bf16_to_f32(ub1);
+                }
+                s[0] = fmaf(a0, b0, s[0]);
+                s[1] = fmaf(a0, b1, s[1]);
+                s[2] = fmaf(a1, b0, s[2]);
+                s[3] = fmaf(a1, b1, s[3]);
+            }
+    }
+    for (int i = 0; i < 4; i++) d[i] += s[i];
+#endif
+}
+#endif /* device code */
+
+#endif

@@ -1,0 +1,481 @@
+/* CUDA stream tiles against a float64 reference built from the quantizer's output, the shared fixture vectors,
+ * row independence, run-to-run bit equality, fused vs unfused relu^2, and the routed tiles. Skips (77) with a
+ * reason when the build has no CUDA or the machine has no GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+#include <math.h>
+
+#include "format/format.h"
+#include "kernels/cpu/cpu.h"
+
+#ifdef KEEL_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static double urand(void) { /* [0, 1) */
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) / 9007199254740992.0;
+}
+static double nrand(void) { return sqrt(-2.0 * log(urand() + 1e-300)) * cos(6.283185307179586 * urand()); }
+
+/* A quantized matrix on host and device. */
+typedef struct qm {
+    int n, k, bits, group;
+    keel_dtype sdt;
+    uint32_t *codes;
+    void *scales, *biases;
+    float *deq; /* (n, k) dequantized, float32 as the quantizer defines w */
+    keel_cuda_qw d;
+} qm;
+
+static void qm_upload(qm *q) {
+    size_t cw = (size_t)q->n * keel_quant_row_words(q->k, q->bits) * 4;
+    size_t sb = (size_t)q->n * (q->k / q->group) * keel_dtype_size(q->sdt);
+    q->d = (keel_cuda_qw){0};
+    void *w = keel_cuda_malloc(cw), *s = keel_cuda_malloc(sb), *b = keel_cuda_malloc(sb);
+    keel_cuda_upload(w, q->codes, cw);
+    keel_cuda_upload(s, q->scales, sb);
+    keel_cuda_upload(b, q->biases, sb);
+    q->d.w = w;
+    q->d.scales = s;
+    q->d.biases = b;
+    q->d.n = q->n;
+    q->d.k = q->k;
+    q->d.bits = q->bits;
+    q->d.group = q->group;
+    q->d.sdt = q->sdt;
+    keel_qmat m = {q->n, q->k, q->bits, q->group, q->sdt, q->codes, q->scales, q->biases};
+    q->deq = keel_xmalloc((size_t)q->n * q->k * sizeof(float));
+    keel_quant_dequantize(&m, q->deq);
+}
+
+/* Random weights through the quantizer; row 0 constant (a zero-range row) when n > 1. */
+static void qm_make(qm *q, int n, int k, int bits, int group, keel_dtype sdt) {
+    *q = (qm){.n = n, .k = k, .bits = bits, .group = group, .sdt = sdt};
+    float *w = keel_xmalloc((size_t)n * k * sizeof(float));
+    for (size_t i = 0; i < (size_t)n * k; i++) w[i] = (float)(0.05 * nrand() + 0.01);
+    if (n > 1)
+        for (int j = 0; j < k; j++) w[j] = 0.03f;
+    q->codes = keel_xmalloc((size_t)n * keel_quant_row_words(k, bits) * 4);
+    q->scales = keel_xmalloc((size_t)n * (k / group) * keel_dtype_size(sdt));
+    q->biases = keel_xmalloc((size_t)n * (k / group) * keel_dtype_size(sdt));
+    keel_quant_quantize(w, n, k, bits, group, sdt, q->codes, q->scales, q->biases);
+    free(w);
+    qm_upload(q);
+}
+
+/* Hand-made codes with scales of both signs (a quantizer never writes negative scales; a kernel must not care). */
+static void qm_make_signed(qm *q, int n, int k, int bits, int group, keel_dtype sdt) {
+    *q = (qm){.n = n, .k = k, .bits = bits, .group = group, .sdt = sdt};
+    uint8_t *c = keel_xmalloc((size_t)k);
+    size_t rw = keel_quant_row_words(k, bits), ng = (size_t)n * (k / group);
+    q->codes = keel_xmalloc((size_t)n * rw * 4);
+    for (int r = 0; r < n; r++) {
+        for (int j = 0; j < k; j++) c[j] = (uint8_t)(urand() * (1 << bits));
+        keel_quant_pack_row(c, k, bits, q->codes + r * rw);
+    }
+    free(c);
+    q->scales = keel_xmalloc(ng * keel_dtype_size(sdt));
+    q->biases = keel_xmalloc(ng * keel_dtype_size(sdt));
+    for (size_t i = 0; i < ng; i++) {
+        keel_dtype_set_f32(sdt, q->scales, i, (float)((urand() < 0.5 ? -1 : 1) * (0.001 + 0.01 * urand())));
+        keel_dtype_set_f32(sdt, q->biases, i, (float)(0.05 * nrand()));
+    }
+    qm_upload(q);
+}
+
+static void qm_free(qm *q) {
+    keel_cuda_free((void *)q->d.w);
+    keel_cuda_free((void *)q->d.scales);
+    keel_cuda_free((void *)q->d.biases);
+    free(q->codes);
+    free(q->scales);
+    free(q->biases);
+    free(q->deq);
+}
+
+/* Random activations (m, k) of dtype xdt on host (raw halves) and device. */
+static uint16_t *make_x(int m, int k, keel_dtype xdt, void **dev) {
+    uint16_t *x = keel_xmalloc((size_t)m * k * 2);
+    for (size_t i = 0; i < (size_t)m * k; i++) {
+        float v = (float)nrand();
+        x[i] = xdt == KEEL_DT_BF16 ? keel_f32_to_bf16(v) : keel_f32_to_f16(v);
+    }
+    *dev = keel_cuda_malloc((size_t)m * k * 2);
+    keel_cuda_upload(*dev, x, (size_t)m * k * 2);
+    return x;
+}
+
+static double xval(const uint16_t *x, size_t i, keel_dtype xdt) {
+    return xdt == KEEL_DT_BF16 ? keel_bf16_to_f32(x[i]) : keel_f16_to_f32(x[i]);
+}
+
+/* float64 reference of row r, column j, and the magnitude the kernel's arithmetic sums: sum |x|(|s q| + |b|). */
+static double ref_dot(const qm *q, const uint16_t *x, keel_dtype xdt, int r, int j, double *mag) {
+    double acc = 0, a = 0;
+    size_t rw = keel_quant_row_words(q->k, q->bits);
+    for (int c = 0; c < q->k; c++) {
+        size_t gi = (size_t)j * (q->k / q->group) + c / q->group;
+        double s = keel_dtype_get_f32(q->sdt, q->scales, gi), b = keel_dtype_get_f32(q->sdt, q->biases, gi);
+        double qq = keel_quant_code(q->codes + (size_t)j * rw, q->bits, c), xv = xval(x, (size_t)r * q->k + c, xdt);
+        acc += xv * (s * qq + b);
+        a += fabs(xv) * (fabs(s * qq) + fabs(b));
+    }
+    *mag = a;
+    return acc;
+}
+
+/* Error bound: k * 2^-24 * magnitude * 4 (fp32 sums and products, tensor-core accumulation), then the output's
+ * rounding: one fp32 ulp, or half a bf16 ulp. */
+static double bound(int k, double mag, double ref, bool bf16) {
+    double b = 4.0 * k * ldexp(1.0, -24) * mag + ldexp(fabs(ref), -23);
+    if (bf16) b += ldexp(fabs(ref), -8);
+    return b + 1e-30;
+}
+
+static float out_get(const void *y, size_t i, keel_dtype ydt) {
+    return ydt == KEEL_DT_F32 ? ((const float *)y)[i] : keel_bf16_to_f32(((const uint16_t *)y)[i]);
+}
+
+static double relu2d(double v) { return v > 0 ? v * v : 0; }
+
+/* Runs one plain launch and checks every element against the reference; returns the host copy of y. */
+static void *check_plain(const qm *q, const uint16_t *x, void *dx, keel_dtype xdt, int m, keel_dtype ydt,
+                         keel_epilogue epi) {
+    size_t ny = (size_t)m * q->n, es = keel_dtype_size(ydt);
+    void *dy = keel_cuda_malloc(ny * es), *y = keel_xmalloc(ny * es);
+    keel_cuda_memset(dy, 0xff, ny * es); /* NaN poison: every element must be written */
+    keel_cuda_stream_matmul(&q->d, dx, xdt, m, dy, ydt, epi, NULL);
+    keel_cuda_download(y, dy, ny * es);
+    for (int r = 0; r < m; r++)
+        for (int j = 0; j < q->n; j++) {
+            double mag, ref = ref_dot(q, x, xdt, r, j, &mag), got = out_get(y, (size_t)r * q->n + j, ydt);
+            double b = bound(q->k, mag, ref, ydt == KEEL_DT_BF16);
+            if (epi == KEEL_EPI_RELU2) {
+                b = 2 * (fabs(ref) + b) * b + (ydt == KEEL_DT_BF16 ? ldexp(ref * ref, -8) : ldexp(ref * ref, -23));
+                ref = relu2d(ref);
+            }
+            if (!(fabs(got - ref) <= b)) {
+                print_error("n %d k %d bits %d group %d sdt %s xdt %s ydt %s m %d epi %d: y[%d][%d] = %.9g, "
+                            "reference %.9g, bound %.3g\n",
+                            q->n, q->k, q->bits, q->group, keel_dtype_name(q->sdt), keel_dtype_name(xdt),
+                            keel_dtype_name(ydt), m, (int)epi, r, j, got, ref, b);
+                fail();
+            }
+        }
+    keel_cuda_free(dy);
+    return y;
+}
+
+static const int kBits[] = {2, 3, 4, 5, 6, 8};
+static const int kGroups[] = {32, 64, 128};
+static const keel_dtype kSdt[] = {KEEL_DT_BF16, KEEL_DT_F16, KEEL_DT_F32};
+
+static void test_widths_groups_dtypes(void **state) {
+    (void)state;
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(kBits); bi++)
+        for (size_t gi = 0; gi < KEEL_ARRAY_LEN(kGroups); gi++)
+            for (size_t si = 0; si < KEEL_ARRAY_LEN(kSdt); si++) {
+                qm q;
+                int n = 37 + (int)(bi * 13), k = kGroups[gi] * (3 + (int)si);
+                qm_make(&q, n, k, kBits[bi], kGroups[gi], kSdt[si]);
+                for (int m = 1; m <= 8; m += (m == 1 ? 2 : 5)) { /* 1, 3, 8 */
+                    keel_dtype xdt = (si == 1) ? KEEL_DT_F16 : KEEL_DT_BF16;
+                    void *dx;
+                    uint16_t *x = make_x(m, k, xdt, &dx);
+                    free(check_plain(&q, x, dx, xdt, m, (gi == 2) ? KEEL_DT_BF16 : KEEL_DT_F32, KEEL_EPI_NONE));
+                    keel_cuda_free(dx);
+                    free(x);
+                }
+                qm_free(&q);
+            }
+}
+
+/* One group per row, odd n, negative scales, every m in 1..8, the long-k path (several x-chunks, k-split). */
+static void test_edges(void **state) {
+    (void)state;
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(kBits); bi++) {
+        qm q;
+        qm_make(&q, 33, 32, kBits[bi], 32, KEEL_DT_BF16);
+        for (int m = 1; m <= 8; m++) {
+            void *dx;
+            uint16_t *x = make_x(m, q.k, KEEL_DT_BF16, &dx);
+            free(check_plain(&q, x, dx, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_NONE));
+            keel_cuda_free(dx);
+            free(x);
+        }
+        qm_free(&q);
+        qm_make_signed(&q, 71, 128 * 3, kBits[bi], 128, KEEL_DT_F32);
+        void *dx;
+        uint16_t *x = make_x(5, q.k, KEEL_DT_BF16, &dx);
+        free(check_plain(&q, x, dx, KEEL_DT_BF16, 5, KEEL_DT_F32, KEEL_EPI_RELU2));
+        keel_cuda_free(dx);
+        free(x);
+        qm_free(&q);
+        qm_make(&q, 129, 64 * 41, kBits[bi], 64, KEEL_DT_BF16); /* k = 2624: 3 x-chunks, last partial */
+        x = make_x(8, q.k, KEEL_DT_BF16, &dx);
+        free(check_plain(&q, x, dx, KEEL_DT_BF16, 8, KEEL_DT_F32, KEEL_EPI_NONE));
+        keel_cuda_free(dx);
+        free(x);
+        qm_free(&q);
+    }
+}
+
+/* Row independence, run-to-run equality, fused relu^2 == tile then relu^2, bit for bit. */
+static void test_bits_equal(void **state) {
+    (void)state;
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(kBits); bi++) {
+        qm q;
+        qm_make(&q, 300, 2688, kBits[bi], 64, KEEL_DT_BF16);
+        const int m = 8, n = q.n;
+        void *dx;
+        uint16_t *x = make_x(m, q.k, KEEL_DT_BF16, &dx);
+        float *dy = keel_cuda_malloc((size_t)m * n * 4), *y8 = keel_xmalloc((size_t)m * n * 4);
+        float *y1 = keel_xmalloc((size_t)n * 4), *again = keel_xmalloc((size_t)m * n * 4);
+        keel_cuda_stream_matmul(&q.d, dx, KEEL_DT_BF16, m, dy, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+        keel_cuda_download(y8, dy, (size_t)m * n * 4);
+        for (int r = 0; r < m; r++) {
+            keel_cuda_memset(dy, 0xff, (size_t)n * 4);
+            keel_cuda_stream_matmul(&q.d, (uint16_t *)dx + (size_t)r * q.k, KEEL_DT_BF16, 1, dy, KEEL_DT_F32,
+                                    KEEL_EPI_NONE, NULL);
+            keel_cuda_download(y1, dy, (size_t)n * 4);
+            assert_memory_equal(y1, y8 + (size_t)r * n, (size_t)n * 4);
+        }
+        for (int rep = 0; rep < 3; rep++) {
+            keel_cuda_memset(dy, 0xff, (size_t)m * n * 4);
+            keel_cuda_stream_matmul(&q.d, dx, KEEL_DT_BF16, m, dy, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+            keel_cuda_download(again, dy, (size_t)m * n * 4);
+            assert_memory_equal(again, y8, (size_t)m * n * 4);
+        }
+        /* fused vs unfused, fp32 out */
+        keel_cuda_relu2(dy, KEEL_DT_F32, (size_t)m * n, NULL);
+        keel_cuda_download(again, dy, (size_t)m * n * 4);
+        keel_cuda_stream_matmul(&q.d, dx, KEEL_DT_BF16, m, dy, KEEL_DT_F32, KEEL_EPI_RELU2, NULL);
+        keel_cuda_download(y8, dy, (size_t)m * n * 4);
+        assert_memory_equal(again, y8, (size_t)m * n * 4);
+        /* bf16 out: fused rounds relu^2 of the fp32 sum once */
+        uint16_t *hb = keel_xmalloc((size_t)m * n * 2);
+        keel_cuda_stream_matmul(&q.d, dx, KEEL_DT_BF16, m, dy, KEEL_DT_BF16, KEEL_EPI_RELU2, NULL);
+        keel_cuda_download(hb, dy, (size_t)m * n * 2);
+        for (size_t i = 0; i < (size_t)m * n; i++) assert_int_equal(hb[i], keel_f32_to_bf16(again[i]));
+        free(hb);
+        keel_cuda_free(dy);
+        keel_cuda_free(dx);
+        free(x);
+        free(y8);
+        free(y1);
+        free(again);
+        qm_free(&q);
+    }
+}
+
+/* The fixture products: x (3 x 256) . dequant(W)^T against the independent float64 y and y_relu2. */
+static void test_fixtures(void **state) {
+    (void)state;
+    const char *dir = getenv("KEEL_FIXTURES");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/stream_tiles_shared.safetensors", dir ? dir : "../shared/fixtures");
+    keel_st st;
+    keel_err err;
+    if (keel_st_open(&st, path, &err) != KEEL_OK) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(kBits); bi++)
+        for (size_t gi = 0; gi < KEEL_ARRAY_LEN(kGroups); gi++) {
+            char name[128];
+            const keel_st_tensor *t[6];
+            const char *suf[6] = {"weight", "scales", "biases", "x", "y", "y_relu2"};
+            for (int i = 0; i < 6; i++) {
+                snprintf(name, sizeof name, "n48_k256_m3_b%d_g%d.%s", kBits[bi], kGroups[gi], suf[i]);
+                t[i] = keel_st_find(&st, name);
+                assert_non_null(t[i]);
+            }
+            qm q = {.n = 48, .k = 256, .bits = kBits[bi], .group = kGroups[gi], .sdt = t[1]->dtype};
+            q.codes = keel_xmalloc(t[0]->nbytes);
+            memcpy(q.codes, t[0]->data, t[0]->nbytes);
+            q.scales = keel_xmalloc(t[1]->nbytes);
+            memcpy(q.scales, t[1]->data, t[1]->nbytes);
+            q.biases = keel_xmalloc(t[2]->nbytes);
+            memcpy(q.biases, t[2]->data, t[2]->nbytes);
+            qm_upload(&q);
+            assert_int_equal(t[3]->dtype, KEEL_DT_BF16);
+            void *dx = keel_cuda_malloc(t[3]->nbytes);
+            keel_cuda_upload(dx, t[3]->data, t[3]->nbytes);
+            float *dy = keel_cuda_malloc(3 * 48 * 4), y[3 * 48], yr[3 * 48];
+            keel_cuda_stream_matmul(&q.d, dx, KEEL_DT_BF16, 3, dy, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+            keel_cuda_download(y, dy, sizeof y);
+            keel_cuda_stream_matmul(&q.d, dx, KEEL_DT_BF16, 3, dy, KEEL_DT_F32, KEEL_EPI_RELU2, NULL);
+            keel_cuda_download(yr, dy, sizeof yr);
+            const uint16_t *x = t[3]->data;
+            for (int r = 0; r < 3; r++)
+                for (int j = 0; j < 48; j++) {
+                    double mag, mine = ref_dot(&q, x, KEEL_DT_BF16, r, j, &mag);
+                    double ref = keel_dtype_get_f32(KEEL_DT_F64, t[4]->data, (size_t)r * 48 + j);
+                    double refr = keel_dtype_get_f32(KEEL_DT_F64, t[5]->data, (size_t)r * 48 + j);
+                    double b = bound(256, mag, ref, false);
+                    (void)mine;
+                    if (!(fabs(y[r * 48 + j] - ref) <= b) ||
+                        !(fabs(yr[r * 48 + j] - refr) <= 2 * (fabs(ref) + b) * b + ldexp(refr, -23))) {
+                        print_error("%s b%d g%d y[%d][%d] = %.9g / relu2 %.9g, fixture %.9g / %.9g, bound %.3g\n",
+                                    path, kBits[bi], kGroups[gi], r, j, y[r * 48 + j], yr[r * 48 + j], ref, refr, b);
+                        fail();
+                    }
+                }
+            keel_cuda_free(dy);
+            keel_cuda_free(dx);
+            qm_free(&q);
+        }
+    keel_st_free(&st);
+}
+
+/* Routed tiles: fc1 for several experts in one launch, fc2 weighted and summed, vs per-expert launches. */
+static void test_routed(void **state) {
+    (void)state;
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(kBits); bi++) {
+        const int E = 5, inter = 96, hid = 128, m = 3;
+        qm up, down;
+        qm_make(&up, E * inter, hid, kBits[bi], 64, KEEL_DT_BF16);  /* stacked (E, inter, hid) */
+        qm_make(&down, E * hid, inter, kBits[bi], 32, KEEL_DT_F16); /* stacked (E, hid, inter) */
+        keel_cuda_qw u = up.d, d = down.d;
+        u.n = inter;
+        u.expert_words = (int64_t)inter * keel_quant_row_words(hid, u.bits);
+        u.expert_groups = (int64_t)inter * (hid / 64);
+        d.n = hid;
+        d.expert_words = (int64_t)hid * keel_quant_row_words(inter, d.bits);
+        d.expert_groups = (int64_t)hid * (inter / 32);
+        keel_cuda_route items[3] = {{0, 0x5u}, {2, 0x3u}, {4, 0x6u}};
+        float wts[3 * 8] = {0};
+        for (int i = 0; i < 3; i++)
+            for (int r = 0; r < m; r++)
+                if (items[i].mask >> r & 1u) wts[i * 8 + r] = (float)(0.2 + urand());
+        void *ditems = keel_cuda_malloc(sizeof items), *dw = keel_cuda_malloc(sizeof wts), *dx;
+        keel_cuda_upload(ditems, items, sizeof items);
+        keel_cuda_upload(dw, wts, sizeof wts);
+        uint16_t *x = make_x(m, hid, KEEL_DT_BF16, &dx);
+        size_t hn = (size_t)3 * m * inter;
+        uint16_t *dh = keel_cuda_malloc(hn * 2), *h = keel_xmalloc(hn * 2), *h1 = keel_xmalloc((size_t)m * inter * 2);
+        keel_cuda_memset(dh, 0, hn * 2);
+        keel_cuda_stream_experts_up(&u, dx, KEEL_DT_BF16, m, ditems, 3, dh, KEEL_DT_BF16, KEEL_EPI_RELU2, NULL);
+        keel_cuda_download(h, dh, hn * 2);
+        /* each item against a plain launch of its expert (same split: one item, same n and k) */
+        uint16_t *dh1 = keel_cuda_malloc((size_t)m * inter * 2);
+        for (int i = 0; i < 3; i++) {
+            keel_cuda_qw one = u;
+            one.w += (size_t)items[i].expert * u.expert_words;
+            one.scales = (const uint16_t *)u.scales + (size_t)items[i].expert * u.expert_groups;
+            one.biases = (const uint16_t *)u.biases + (size_t)items[i].expert * u.expert_groups;
+            keel_cuda_stream_matmul(&one, dx, KEEL_DT_BF16, m, dh1, KEEL_DT_BF16, KEEL_EPI_RELU2, NULL);
+            keel_cuda_download(h1, dh1, (size_t)m * inter * 2);
+            for (int r = 0; r < m; r++)
+                for (int j = 0; j < inter; j++) {
+                    uint16_t got = h[((size_t)i * m + r) * inter + j];
+                    if (items[i].mask >> r & 1u) {
+                        if (keel_cuda_stream_splits(inter, hid, 3) == keel_cuda_stream_splits(inter, hid, 1))
+                            assert_int_equal(got, h1[(size_t)r * inter + j]);
+                        double mag, ref = ref_dot(&up, x, KEEL_DT_BF16, r, items[i].expert * inter + j, &mag);
+                        double b = bound(hid, mag, ref, true);
+                        b = 2 * (fabs(ref) + b) * b + ldexp(ref * ref, -8);
+                        assert_true(fabs(keel_bf16_to_f32(got) - relu2d(ref)) <= b);
+                    } else {
+                        assert_int_equal(got, 0); /* rows outside the mask stay untouched */
+                    }
+                }
+        }
+        /* fc2: h rows are the inputs; y = sum_i w * (h_i . W2[e_i]^T), against float64 */
+        float *dy = keel_cuda_malloc((size_t)m * hid * 4), y[3 * 128];
+        keel_cuda_memset(dy, 0xff, (size_t)m * hid * 4);
+        keel_cuda_stream_experts_down(&d, dh, KEEL_DT_BF16, m, ditems, dw, 3, dy, KEEL_DT_F32, NULL);
+        keel_cuda_download(y, dy, sizeof y);
+        float again[3 * 128];
+        keel_cuda_stream_experts_down(&d, dh, KEEL_DT_BF16, m, ditems, dw, 3, dy, KEEL_DT_F32, NULL);
+        keel_cuda_download(again, dy, sizeof again);
+        assert_memory_equal(y, again, sizeof y);
+        /* per-expert plain launches, weighted sum in float64 */
+        float *dyo = keel_cuda_malloc((size_t)m * hid * 4), yo[3 * 128];
+        double sum[3 * 128] = {0}, mags[3 * 128] = {0};
+        for (int i = 0; i < 3; i++) {
+            keel_cuda_qw one = d;
+            one.w += (size_t)items[i].expert * d.expert_words;
+            one.scales = (const uint16_t *)d.scales + (size_t)items[i].expert * d.expert_groups;
+            one.biases = (const uint16_t *)d.biases + (size_t)items[i].expert * d.expert_groups;
+            keel_cuda_stream_matmul(&one, dh + (size_t)i * m * inter, KEEL_DT_BF16, m, dyo, KEEL_DT_F32, KEEL_EPI_NONE,
+                                    NULL);
+            keel_cuda_download(yo, dyo, sizeof yo);
+            for (int r = 0; r < m; r++) {
+                if (!(items[i].mask >> r & 1u)) continue;
+                for (int j = 0; j < hid; j++) {
+                    double mag, ref = ref_dot(&down, h + (size_t)i * m * inter, KEEL_DT_BF16, r,
+                                              items[i].expert * hid + j, &mag);
+                    assert_true(fabs(yo[r * hid + j] - ref) <= bound(inter, mag, ref, false));
+                    sum[r * hid + j] += wts[i * 8 + r] * ref;
+                    mags[r * hid + j] += wts[i * 8 + r] * (mag + fabs(ref));
+                }
+            }
+        }
+        for (int i = 0; i < m * hid; i++) {
+            double b = bound(inter, mags[i], sum[i], false) * 2;
+            if (!(fabs(y[i] - sum[i]) <= b)) {
+                print_error("bits %d routed fc2 y[%d] = %.9g, reference %.9g, bound %.3g\n", kBits[bi], i, y[i],
+                            sum[i], b);
+                fail();
+            }
+        }
+        /* row independence of the routed fc2: token 1 alone, its items in the same order */
+        keel_cuda_route solo[2] = {{2, 0x1u}, {4, 0x1u}};
+        float sw[2 * 8] = {0};
+        sw[0] = wts[1 * 8 + 1];
+        sw[8] = wts[2 * 8 + 1];
+        uint16_t *dhs = keel_cuda_malloc((size_t)2 * inter * 2);
+        keel_cuda_upload(dhs, h + ((size_t)1 * m + 1) * inter, (size_t)inter * 2);
+        keel_cuda_upload(dhs + inter, h + ((size_t)2 * m + 1) * inter, (size_t)inter * 2);
+        keel_cuda_upload(ditems, solo, sizeof solo);
+        keel_cuda_upload(dw, sw, sizeof sw);
+        float ys[128];
+        keel_cuda_stream_experts_down(&d, dhs, KEEL_DT_BF16, 1, ditems, dw, 2, dy, KEEL_DT_F32, NULL);
+        keel_cuda_download(ys, dy, sizeof ys);
+        if (keel_cuda_stream_splits(hid, inter, 3) == keel_cuda_stream_splits(hid, inter, 2))
+            assert_memory_equal(ys, y + hid, sizeof ys);
+        keel_cuda_free(dhs);
+        keel_cuda_free(dy);
+        keel_cuda_free(dyo);
+        keel_cuda_free(dh1);
+        keel_cuda_free(dh);
+        keel_cuda_free(dx);
+        keel_cuda_free(ditems);
+        keel_cuda_free(dw);
+        free(h);
+        free(h1);
+        free(x);
+        qm_free(&up);
+        qm_free(&down);
+    }
+}
+
+int main(void) {
+    if (keel_cuda_device_count() < 1) {
+        printf("skip: no CUDA device on this machine\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fixtures),
+        cmocka_unit_test(test_widths_groups_dtypes),
+        cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_bits_equal),
+        cmocka_unit_test(test_routed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+#else
+int main(void) {
+    printf("skip: keel was built without CUDA (KEEL_CUDA=OFF or no nvcc)\n");
+    return 77;
+}
+#endif
