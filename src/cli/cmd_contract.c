@@ -1,3 +1,175 @@
-/* placeholder until this command is built; its owner replaces this file. */
+/* keel contract: runs the kernel contract (gates 1-4 and planted controls) on the chips in hand.
+ * Exit status: 0 nothing failed and no control missed; 1 a registration failed, a control was missed or a known
+ * finding is stale; 2 bad arguments or an unreadable known-findings list; 3 the requested backend is not
+ * available (a build without CUDA, or no GPU). */
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "cli.h"
-int keel_cli_contract(int argc, char **argv) { (void)argc; (void)argv; return keel_cli_fail("contract", "not built yet"); }
+#include "contract/contract.h"
+
+#define EXIT_UNAVAILABLE 3
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: keel contract [--backend cpu|cuda|all] [--filter REGEX] [--json FILE] [--list]\n"
+               "                     [--known-findings FILE]\n"
+               "  --backend   chips to check (default all: every backend this build and host have)\n"
+               "  --filter    only registrations whose name matches this POSIX extended regex\n"
+               "  --json      write every registration's result, gate by gate, to FILE\n"
+               "  --list      print the registrations and their controls without running them\n"
+               "  --known-findings  the list of understood failures (default: contract/known_findings of the\n"
+               "              source tree: $KEEL_SRC, the working directory, or beside the keel binary's build dir)\n"
+               "exit status: 0 pass, 1 a failure or a missed control, 2 bad arguments, 3 backend not available\n");
+}
+
+/* The default list: $KEEL_SRC, then ./, then the parent of the binary's directory (build dirs sit in the tree). */
+static bool find_known(char *out, size_t cap) {
+    const char *src = getenv("KEEL_SRC");
+    if (src && *src) {
+        snprintf(out, cap, "%s/contract/known_findings", src);
+        if (access(out, R_OK) == 0) return true;
+    }
+    snprintf(out, cap, "contract/known_findings");
+    if (access(out, R_OK) == 0) return true;
+    char exe[PATH_MAX - 64];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            if (snprintf(out, cap, "%s/../contract/known_findings", exe) < (int)cap && access(out, R_OK) == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
+static const char *family_label(const keel_contract_reg *r) {
+    return r->family == KEEL_CF_STREAM ? "stream" : r->family == KEEL_CF_FLOAT ? "stream-float" : "relu2";
+}
+
+static void list_table(const keel_contract_table *t, const char *filter_unused) {
+    (void)filter_unused;
+    for (int i = 0; i < t->n; i++) {
+        const keel_contract_reg *r = &t->regs[i];
+        printf("%s  entry=%s family=%s rows=%d-%d tile=%dx%d shapes=", r->name, r->entry, family_label(r),
+               r->rows_min, r->rows_max, r->tile_rows, r->tile_cols);
+        for (int s = 0; s < r->n_shapes; s++)
+            printf("%s(n=%d,k=%d,m=%d-%d)", s ? "," : "", r->shapes[s].n, r->shapes[s].k, r->shapes[s].m_lo,
+                   r->shapes[s].m_hi);
+        if (r->n_replaces) {
+            printf(" replaces=");
+            for (int k = 0; k < r->n_replaces; k++) printf("%s%s", k ? "+" : "", r->replaces[k]);
+            printf(r->same_order ? "(bitwise)" : "(within bound)");
+        }
+        printf(" controls=");
+        for (int c = 0; c < r->n_controls; c++)
+            printf("%s%s@%d", c ? "," : "", r->controls[c].name, r->controls[c].gate);
+        printf("\n");
+    }
+}
+
+int keel_cli_contract(int argc, char **argv) {
+    const char *backend = "all", *filter = NULL, *json_path = NULL, *known_path = NULL;
+    bool list = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const bool has = i + 1 < argc;
+        if (strcmp(a, "--backend") == 0 && has) {
+            backend = argv[++i];
+        } else if (strcmp(a, "--filter") == 0 && has) {
+            filter = argv[++i];
+        } else if (strcmp(a, "--json") == 0 && has) {
+            json_path = argv[++i];
+        } else if (strcmp(a, "--known-findings") == 0 && has) {
+            known_path = argv[++i];
+        } else if (strcmp(a, "--list") == 0) {
+            list = true;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else {
+            usage(stderr);
+            keel_cli_fail("contract", "unknown or incomplete argument \"%s\"", a);
+            return 2;
+        }
+    }
+    const bool want_cpu = strcmp(backend, "cpu") == 0 || strcmp(backend, "all") == 0;
+    const bool want_cuda = strcmp(backend, "cuda") == 0 || strcmp(backend, "all") == 0;
+    if (!want_cpu && !want_cuda) {
+        keel_cli_fail("contract", "--backend expects cpu, cuda or all, found \"%s\"", backend);
+        return 2;
+    }
+
+    keel_contract_table t;
+    keel_contract_table_init(&t);
+    if (want_cpu) keel_contract_register_cpu(&t);
+    if (want_cuda) {
+        char why[256] = "";
+        if (!keel_contract_cuda_backend(why, sizeof why)) {
+            if (!want_cpu) {
+                keel_contract_table_free(&t);
+                fprintf(stderr, "keel contract: the cuda backend is not available: %s\n", why);
+                return EXIT_UNAVAILABLE;
+            }
+            printf("NOTE cuda: not checked: %s\n", why);
+        } else {
+            keel_contract_register_cuda(&t);
+        }
+    }
+    if (list) {
+        list_table(&t, filter);
+        printf("%d registrations\n", t.n);
+        keel_contract_table_free(&t);
+        return 0;
+    }
+
+    keel_contract_findings known;
+    memset(&known, 0, sizeof known);
+    keel_err err = {0};
+    char found[PATH_MAX];
+    if (!known_path && find_known(found, sizeof found)) known_path = found;
+    if (known_path) {
+        if (keel_contract_findings_load(&known, known_path, &err) != KEEL_OK) {
+            keel_contract_table_free(&t);
+            keel_cli_fail("contract", "known findings: %s", err.msg);
+            return 2;
+        }
+    } else {
+        printf("NOTE no contract/known_findings found (set KEEL_SRC or pass --known-findings); none assumed\n");
+    }
+
+    cJSON *json = json_path ? cJSON_CreateArray() : NULL;
+    keel_contract_report rep;
+    const keel_code c = keel_contract_run_all(&t, filter, &known, stdout, json, &rep, &err);
+    int status = 0;
+    if (c != KEEL_OK) {
+        keel_cli_fail("contract", "%s", err.msg);
+        status = 2;
+    } else {
+        if (rep.kernels == 0) printf("NOTE no registration matched\n");
+        status = rep.fail || rep.missed ? 1 : 0;
+    }
+    if (json && c == KEEL_OK) {
+        char *text = cJSON_Print(json);
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s.tmp", json_path);
+        FILE *f = fopen(tmp, "w");
+        bool ok = f && fputs(text, f) >= 0;
+        if (f) ok = fclose(f) == 0 && ok;
+        if (!ok || rename(tmp, json_path) != 0) {
+            keel_cli_fail("contract", "cannot write --json file %s", json_path);
+            status = 2;
+        }
+        free(text);
+    }
+    cJSON_Delete(json);
+    keel_contract_findings_free(&known);
+    keel_contract_table_free(&t);
+    return status;
+}
