@@ -109,9 +109,11 @@ int keel_cli_contract(int argc, char **argv) {
     keel_contract_table t;
     keel_contract_table_init(&t);
     if (want_cpu) keel_contract_register_cpu(&t);
+    const keel_contract_backend *cuda = NULL; /* a chip with no registrations still gets its SUMMARY line */
+    int n_cuda = 0;
     if (want_cuda) {
         char why[256] = "";
-        if (!keel_contract_cuda_backend(why, sizeof why)) {
+        if (!(cuda = keel_contract_cuda_backend(why, sizeof why))) {
             if (!want_cpu) {
                 keel_contract_table_free(&t);
                 fprintf(stderr, "keel contract: the cuda backend is not available: %s\n", why);
@@ -119,7 +121,7 @@ int keel_cli_contract(int argc, char **argv) {
             }
             printf("NOTE cuda: not checked: %s\n", why);
         } else {
-            keel_contract_register_cuda(&t);
+            n_cuda = keel_contract_register_cuda(&t);
         }
     }
     if (list) {
@@ -152,6 +154,13 @@ int keel_cli_contract(int argc, char **argv) {
         keel_cli_fail("contract", "%s", err.msg);
         status = 2;
     } else {
+        if (cuda && n_cuda == 0) {
+            keel_contract_report none;
+            memset(&none, 0, sizeof none);
+            char line[384];
+            keel_contract_summary(cuda->chip, &none, line, sizeof line);
+            printf("%s\n", line);
+        }
         if (rep.kernels == 0) printf("NOTE no registration matched\n");
         status = rep.fail || rep.missed ? 1 : 0;
     }

@@ -3,6 +3,7 @@
  * keel_cpu_matmul: one registration per code path (avx2, portable) x width x group x scale dtype x epilogue for
  * quantized matrices, and per path x weight dtype x epilogue for float matrices; each serves rows 1-8 (and more
  * in passes of 8), and the runner launches it at every m of each shape. keel_cpu_relu2: one registration.
+ * The avx2 path is registered only on CPUs that run it (keel never launches it elsewhere).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +133,7 @@ int keel_contract_register_cpu(keel_contract_table *t) {
     add_control(r, "write-past-end", 2, twin_pastend_relu2);
 
     for (size_t pi = 0; pi < KEEL_ARRAY_LEN(PATHS); pi++) {
+        if (strcmp(PATHS[pi], "avx2") == 0 && !host_has_avx2()) continue; /* not a kernel this chip launches */
         for (size_t bi = 0; bi < KEEL_ARRAY_LEN(BITS); bi++)
             for (size_t gi = 0; gi < KEEL_ARRAY_LEN(GROUPS); gi++)
                 for (size_t si = 0; si < KEEL_ARRAY_LEN(SDTS); si++)

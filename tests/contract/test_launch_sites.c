@@ -1,0 +1,287 @@
+/* Every kernel keel launches is registered with the contract: scans src/ for launch sites and checks each against
+ * the tables (docs/kernel-contract.md, "Launch sites"). Launch entry points: keel_cpu_matmul (per epilogue used,
+ * every width, group, dtype and code path must be registered), keel_cpu_relu2, and every CUDA launcher (a function
+ * of src/kernels/cuda/cuda.h with a `void *stream` parameter). `<<<` launches may appear only inside
+ * src/kernels/cuda, behind those launchers. A kernel's own folder (definitions, benches) is not a launch site. */
+#define _DEFAULT_SOURCE
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+
+#include "contract/contract.h"
+
+#define MAX_LAUNCHERS 64
+
+typedef struct scan {
+    const keel_contract_table *t;
+    char launchers[MAX_LAUNCHERS][64];
+    int n_launchers;
+    int sites, unregistered;
+    char report[4096];
+} scan;
+
+static void note(scan *s, const char *fmt, ...) {
+    const size_t used = strlen(s->report);
+    va_list ap;
+    va_start(ap, fmt);
+    if (used + 1 < sizeof s->report) vsnprintf(s->report + used, sizeof s->report - used, fmt, ap);
+    va_end(ap);
+}
+
+/* Blanks comments and string literals (keeping newlines) so only code is scanned. */
+static void strip(char *p) {
+    while (*p) {
+        if (p[0] == '/' && p[1] == '/') {
+            while (*p && *p != '\n') *p++ = ' ';
+        } else if (p[0] == '/' && p[1] == '*') {
+            *p++ = ' ', *p++ = ' ';
+            for (; *p && !(p[0] == '*' && p[1] == '/'); p++)
+                if (*p != '\n') *p = ' ';
+            if (*p) *p++ = ' ', *p++ = ' ';
+        } else if (*p == '"' || *p == '\'') {
+            const char q = *p++;
+            for (; *p && *p != q; p++) {
+                if (*p == '\\' && p[1]) *p++ = ' ';
+                if (*p != '\n') *p = ' ';
+            }
+            if (*p) p++;
+        } else {
+            p++;
+        }
+    }
+}
+
+static bool ident(char c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
+/* The launchers of cuda.h: declarations "void keel_cuda_<x>(... void *stream ...);". */
+static void read_launchers(scan *s, char *header) {
+    strip(header);
+    for (char *p = header; (p = strstr(p, "keel_cuda_")) != NULL; p++) {
+        if (p > header && ident(p[-1])) continue;
+        size_t len = 0;
+        while (ident(p[len])) len++;
+        const char *q = p + len;
+        while (*q == ' ') q++;
+        if (*q != '(') continue;
+        const char *end = strchr(q, ';');
+        if (!end) continue;
+        char args[1024];
+        snprintf(args, sizeof args, "%.*s", (int)(end - q), q);
+        if (strstr(args, "void *stream") && s->n_launchers < MAX_LAUNCHERS && len < 64)
+            snprintf(s->launchers[s->n_launchers++], 64, "%.*s", (int)len, p);
+    }
+}
+
+static bool cpu_matmul_registered(const scan *s, keel_epilogue epi, const char *path) {
+    const int bits[] = {0, 2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128};
+    const keel_dtype sdts[] = {KEEL_DT_BF16, KEEL_DT_F16, KEEL_DT_F32};
+    for (int b = 0; b < 7; b++)
+        for (int g = 0; g < (bits[b] ? 3 : 1); g++)
+            for (int d = 0; d < 3; d++) {
+                bool found = false;
+                for (int i = 0; i < s->t->n && !found; i++) {
+                    const keel_contract_reg *r = &s->t->regs[i];
+                    found = strcmp(r->entry, "keel_cpu_matmul") == 0 && strcmp(r->path, path) == 0 && r->epi == epi &&
+                            r->bits == bits[b] && (bits[b] == 0 || r->group == groups[g]) && r->sdt == sdts[d] &&
+                            r->n_controls > 0;
+                }
+                if (!found) return false;
+            }
+    return true;
+}
+
+static bool entry_registered(const scan *s, const char *backend, const char *entry) {
+    for (int i = 0; i < s->t->n; i++)
+        if (strcmp(s->t->regs[i].be->name, backend) == 0 && strcmp(s->t->regs[i].entry, entry) == 0) return true;
+    if (strcmp(backend, "cuda") == 0)
+        for (int i = 0; keel_contract_cuda_entries[i]; i++)
+            if (strcmp(keel_contract_cuda_entries[i], entry) == 0) return true;
+    return false;
+}
+
+static int line_of(const char *text, const char *p) {
+    int l = 1;
+    for (const char *q = text; q < p; q++) l += *q == '\n';
+    return l;
+}
+
+/* Checks one file's launch sites (text is modified). `rel` is its path under the repository root. */
+static void scan_text(scan *s, const char *rel, char *text) {
+    strip(text);
+    const bool cpu_dir = strncmp(rel, "src/kernels/cpu/", 16) == 0;
+    const bool cuda_dir = strncmp(rel, "src/kernels/cuda/", 17) == 0;
+    const bool host_avx2 = strcmp(keel_contract_cpu_backend()->chip, "cpu-avx2") == 0;
+    if (!cuda_dir)
+        for (char *p = text; (p = strstr(p, "<<<")) != NULL; p += 3) {
+            s->sites++, s->unregistered++;
+            note(s, "%s:%d: a <<< launch outside src/kernels/cuda (launch kernels through a registered launcher)\n",
+                 rel, line_of(text, p));
+        }
+    for (char *p = text; *p; p++) {
+        if (!(p[0] == 'k' && strncmp(p, "keel_", 5) == 0) || (p > text && ident(p[-1]))) continue;
+        size_t len = 0;
+        while (ident(p[len])) len++;
+        char *q = p + len;
+        while (*q == ' ' || *q == '\n') q++;
+        if (*q != '(') continue;
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)KEEL_MIN(len, 63), p);
+        const char *b = p; /* a definition or declaration has a type just before the name */
+        while (b > text && b[-1] == ' ') b--;
+        if (b - text >= 4 && strncmp(b - 4, "void", 4) == 0) continue;
+        int depth = 0;
+        char *e = q;
+        do depth += (*e == '(') - (*e == ')');
+        while (depth > 0 && *++e);
+        const int line = line_of(text, p);
+        if (strcmp(name, "keel_cpu_matmul") == 0 && !cpu_dir) {
+            s->sites++;
+            bool epis[2] = {false, false}, any = false;
+            for (char *k = q; k < e; k++)
+                if (strncmp(k, "KEEL_EPI_NONE", 13) == 0) epis[0] = any = true;
+                else if (strncmp(k, "KEEL_EPI_RELU2", 14) == 0) epis[1] = any = true;
+            if (!any) epis[0] = epis[1] = true; /* an epilogue chosen at run time needs both */
+            for (int ep = 0; ep < 2; ep++)
+                for (int pa = host_avx2 ? 0 : 1; pa < 2; pa++)
+                    if (epis[ep] && !cpu_matmul_registered(s, (keel_epilogue)ep, pa ? "portable" : "avx2")) {
+                        s->unregistered++;
+                        note(s, "%s:%d: keel_cpu_matmul with %s on the %s path is not registered for every width, "
+                                "group and dtype\n", rel, line, ep ? "relu2" : "no epilogue", pa ? "portable" : "avx2");
+                    }
+        } else if (strcmp(name, "keel_cpu_relu2") == 0 && !cpu_dir) {
+            s->sites++;
+            if (!entry_registered(s, "cpu", name)) {
+                s->unregistered++;
+                note(s, "%s:%d: keel_cpu_relu2 is not registered\n", rel, line);
+            }
+        } else if (!cuda_dir) {
+            for (int i = 0; i < s->n_launchers; i++)
+                if (strcmp(name, s->launchers[i]) == 0) {
+                    s->sites++;
+                    if (!entry_registered(s, "cuda", name)) {
+                        s->unregistered++;
+                        note(s, "%s:%d: CUDA launcher %s is launched but not registered\n", rel, line, name);
+                    }
+                }
+        }
+        p = q;
+    }
+}
+
+static char *slurp(const char *path) {
+    char *text = NULL;
+    size_t len = 0;
+    keel_err err;
+    if (keel_read_file(path, &text, &len, &err) != KEEL_OK) fail_msg("%s", err.msg);
+    return text;
+}
+
+static void scan_dir(scan *s, const char *root, const char *rel) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    DIR *d = opendir(path);
+    if (!d) fail_msg("cannot open %s", path);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        char sub[768], full[1024];
+        snprintf(sub, sizeof sub, "%s/%s", rel, de->d_name);
+        snprintf(full, sizeof full, "%s/%s", root, sub);
+        struct stat st;
+        if (stat(full, &st) != 0) continue;
+        if (S_ISDIR(st.st_mode)) {
+            scan_dir(s, root, sub);
+            continue;
+        }
+        const char *dot = strrchr(de->d_name, '.');
+        if (!dot || !(strcmp(dot, ".c") == 0 || strcmp(dot, ".h") == 0 || strcmp(dot, ".cu") == 0 ||
+                      strcmp(dot, ".cuh") == 0))
+            continue;
+        char *text = slurp(full);
+        scan_text(s, sub, text);
+        free(text);
+    }
+    closedir(d);
+}
+
+static const char *src_root(void) {
+    const char *r = getenv("KEEL_SRC");
+    return r && *r ? r : ".";
+}
+
+static void init_scan(scan *s, const keel_contract_table *t) {
+    memset(s, 0, sizeof *s);
+    s->t = t;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/src/kernels/cuda/cuda.h", src_root());
+    char *h = slurp(path);
+    read_launchers(s, h);
+    free(h);
+}
+
+static void test_source_tree_launches_are_registered(void **state) {
+    (void)state;
+    keel_contract_table t;
+    keel_contract_table_init(&t);
+    keel_contract_register_cpu(&t);
+    keel_contract_register_cuda(&t);
+    scan s;
+    init_scan(&s, &t);
+    assert_true(s.n_launchers >= 1); /* keel_cuda_stream_matmul at least: the header parse works */
+    scan_dir(&s, src_root(), "src");
+    if (s.unregistered) fail_msg("%d of %d launch sites are not registered:\n%s", s.unregistered, s.sites, s.report);
+    assert_true(s.sites >= 10); /* the engine's matmuls: the scan found them */
+    keel_contract_table_free(&t);
+}
+
+/* The rule catches what it should: crafted sources with unregistered launches. */
+static void test_scan_catches_unregistered(void **state) {
+    (void)state;
+    keel_contract_table t;
+    keel_contract_table_init(&t);
+    keel_contract_register_cpu(&t);
+    scan s;
+    init_scan(&s, &t);
+    char ok[] = "/* keel_cuda_stream_matmul(&W) in a comment */ static void f(void) {\n"
+                "  const char *s = \"keel_cuda_relu2(y)\";\n  keel_cpu_matmul(&w->up, x, m, y, KEEL_EPI_RELU2);\n}\n";
+    scan_text(&s, "src/engine/x.c", ok);
+    assert_int_equal(s.sites, 1);
+    assert_int_equal(s.unregistered, 0);
+
+    char cuda[] = "void g(void) {\n  keel_cuda_stream_matmul(&W, x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE, 0);\n"
+                  "  k_tile<<<grid, 128>>>(a);\n}\n";
+    scan_text(&s, "src/engine/cuda/forward.cu", cuda);
+    assert_int_equal(s.unregistered, 2);
+    assert_non_null(strstr(s.report, "src/engine/cuda/forward.cu:2: CUDA launcher keel_cuda_stream_matmul"));
+    assert_non_null(strstr(s.report, "src/engine/cuda/forward.cu:3: a <<< launch outside src/kernels/cuda"));
+
+    /* A table that lost the fused relu2 registrations: a relu2 launch site is unregistered, a plain one is not. */
+    keel_contract_table part;
+    keel_contract_table_init(&part);
+    for (int i = 0; i < t.n; i++)
+        if (t.regs[i].epi != KEEL_EPI_RELU2) *keel_contract_table_add(&part) = t.regs[i];
+    scan p;
+    init_scan(&p, &part);
+    char fused[] = "void h(void) { keel_cpu_matmul(W, x, m, y, KEEL_EPI_NONE); keel_cpu_matmul(W, x, m, y, epi); }";
+    scan_text(&p, "src/engine/moe.c", fused);
+    assert_int_equal(p.sites, 2);
+    assert_true(p.unregistered >= 1);
+    assert_non_null(strstr(p.report, "keel_cpu_matmul with relu2"));
+    keel_contract_table_free(&part);
+    keel_contract_table_free(&t);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_source_tree_launches_are_registered),
+        cmocka_unit_test(test_scan_catches_unregistered),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
