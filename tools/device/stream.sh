@@ -8,7 +8,7 @@ mkdir -p "$OUT"
 export KEEL_FIXTURES=${KEEL_FIXTURES:-$PWD/.devfix}
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 t0=$(date +%s)
-if ! { cmake -S . -B build-dev -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release &&
+if ! { cmake -S . -B build-dev -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHS=90 -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
        cmake --build build-dev -j "$(nproc)" --target keel kernels_cuda_test_stream_cuda; } >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
 fi

@@ -21,7 +21,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kMinBlocks = 4; /* blocks per SM the register budget must allow (5-bit: one fewer, no spills) */
+constexpr int kMinBlocks = 4; /* blocks per SM the register budget must allow (5-bit: two fewer, no spills) */
 constexpr int kRowsPerWarp = 16;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 constexpr int kXK = 1024;              /* codes per x-chunk */
@@ -40,6 +40,7 @@ template <int B> struct Geo {
     static constexpr int TGT = B == 8 ? 8 : 4;               /* row stride mod 32 banks */
     static constexpr int RS = WPR + ((TGT - WPR % 32) + 32) % 32; /* shared row stride in words */
     static constexpr int BUF = kRowsPerWarp * RS + 4;        /* words per warp buffer (+ read slack) */
+    static constexpr int SBUF = 32 * NBC;                    /* fp32 scale/bias slots per warp */
 };
 
 struct Params {
@@ -139,39 +140,81 @@ __device__ __forceinline__ void park_sub(const uint4 (&r)[Geo<B>::VPL], uint32_t
     }
 }
 
-/* Stages x-chunk [k0, k0+len) of item activations into fragment order and per-group sums. */
-template <bool XF16>
-__device__ __forceinline__ void stage_x(int m, int k, int group, const uint16_t *x, uint32_t mask, int k0, int len,
-                                        uint2 *xf, float *xs) {
-    int nb = len / 32;
-    for (int e = threadIdx.x; e < nb * 64; e += kThreads) {
-        int jb = e >> 6, s = (e >> 5) & 1, lane = e & 31, g = lane >> 2, t = lane & 3;
-        uint2 v = make_uint2(0u, 0u);
-        if (g < m && ((mask >> g) & 1u)) {
-            const uint16_t *b = x + (long long)g * k + k0 + jb * 32 + 8 * t + 2 * s;
-            v.x = (uint32_t)b[0] | ((uint32_t)b[4] << 16);
-            v.y = (uint32_t)b[1] | ((uint32_t)b[5] << 16);
+/* Stages x-chunk [k0, k0+len) of item activations into mma fragment order, loads issued in batches. */
+__device__ __forceinline__ void stage_x(int m, int k, const uint16_t *__restrict__ x, uint32_t mask, int k0, int len,
+                                        uint2 *xf) {
+    const int nb = len / 32;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, s = (threadIdx.x >> 5) & 1;
+    const bool live = g < m && ((mask >> g) & 1u);
+    const uint32_t *row = (const uint32_t *)(x + (long long)g * k + k0 + 8 * t + 2 * s);
+    constexpr int kBatch = 8;
+    for (int jb0 = threadIdx.x >> 6; jb0 < nb; jb0 += 2 * kBatch) {
+        uint32_t w0[kBatch], w1[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; i++) {
+            const int jb = jb0 + 2 * i;
+            w0[i] = w1[i] = 0u;
+            if (live && jb < nb) {
+                w0[i] = __ldg(row + jb * 16);     /* x[2s], x[2s+1] */
+                w1[i] = __ldg(row + jb * 16 + 2); /* x[2s+4], x[2s+5] */
+            }
         }
-        xf[e] = v;
+#pragma unroll
+        for (int i = 0; i < kBatch; i++) {
+            const int jb = jb0 + 2 * i;
+            if (jb < nb) xf[(jb * 2 + s) * 32 + lane] = make_uint2(__byte_perm(w0[i], w1[i], 0x5410), __byte_perm(w0[i], w1[i], 0x7632));
+        }
     }
-    int ng = len / group;
+}
+
+/* Per-group sums of x (bias term) from the staged fragments, in one fixed order: blocks, then t, s, elements. */
+template <bool XF16> __device__ __forceinline__ void stage_xsum(int len, int group, const uint2 *xf, float *xs) {
+    const int ng = len / group, bpg = group / 32;
     for (int e = threadIdx.x; e < ng * kMaxRows; e += kThreads) {
-        int r = e % kMaxRows, gi = e / kMaxRows;
+        const int r = e % kMaxRows, gi = e / kMaxRows;
         float acc = 0.f;
-        if (r < m && ((mask >> r) & 1u)) {
-            const uint16_t *b = x + (long long)r * k + k0 + gi * group;
-            for (int j = 0; j < group; j++) acc = __fadd_rn(acc, XF16 ? kp_f16_to_f32(b[j]) : kp_bf16_to_f32(b[j]));
+        for (int b = 0; b < bpg; b++) {
+            const uint2 *p = xf + (gi * bpg + b) * 64 + 4 * r;
+            uint2 v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = p[(i >> 1) + (i & 1) * 32]; /* t = i/2, s = i%2 */
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint32_t q[2] = {v[i].x, v[i].y};
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const float lo = XF16 ? kp_f16_to_f32((uint16_t)q[j]) : kp_bf16_to_f32((uint16_t)q[j]);
+                    const float hi = XF16 ? kp_f16_to_f32((uint16_t)(q[j] >> 16)) : kp_bf16_to_f32((uint16_t)(q[j] >> 16));
+                    acc = __fadd_rn(__fadd_rn(acc, lo), hi);
+                }
+            }
         }
         xs[e] = acc;
     }
 }
 
-template <int B, bool XF16> __global__ void __launch_bounds__(kThreads, B == 5 ? kMinBlocks - 1 : kMinBlocks) stream_tile(Params P) {
+/* Loads the scales and biases of the sub-chunk's groups for the warp's 16 rows (as fp32), one per lane-slot. */
+template <int B>
+__device__ __forceinline__ void load_sb(float (&r)[Geo<B>::NBC], const void *sc, const void *bi, int sdt, long long sbase,
+                                        int row0, int n, int groups, int g0, int ngs, int lane) {
+#pragma unroll
+    for (int i = 0; i < Geo<B>::NBC; i++) {
+        r[i] = 0.f;
+        if (i < ngs) {
+            const int v = i * 32 + lane, rr = v / (2 * ngs), rest = v % (2 * ngs), which = rest / ngs, gl = rest % ngs;
+            const int row = min(row0 + rr, n - 1);
+            r[i] = load_scale(which ? bi : sc, sbase + (long long)row * groups + g0 + gl, sdt);
+        }
+    }
+}
+
+template <int B, bool XF16> __global__ void __launch_bounds__(kThreads, B == 5 ? kMinBlocks - 2 : kMinBlocks) stream_tile(Params P) {
     using G = Geo<B>;
     extern __shared__ uint4 smem_raw[];
     uint2 *xf = (uint2 *)smem_raw;                                 /* kXBlocks * 64 */
     float *xs = (float *)(xf + kXBlocks * 64);                     /* kXBlocks * 8 */
     uint32_t *wbuf = (uint32_t *)(xs + kXBlocks * kMaxRows) + (threadIdx.x >> 5) * G::BUF;
+    float *sbuf = (float *)((uint32_t *)(xs + kXBlocks * kMaxRows) + kWarps * G::BUF) + (threadIdx.x >> 5) * G::SBUF;
 
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
     const int row0 = blockIdx.x * kRowsPerBlock + warp * kRowsPerWarp;
@@ -199,17 +242,27 @@ template <int B, bool XF16> __global__ void __launch_bounds__(kThreads, B == 5 ?
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 
         uint4 regs[G::VPL];
+        float sregs[G::NBC];
+        const int ngs = G::NBC * 32 / P.group; /* groups per sub-chunk (sub-chunks hold whole groups) */
         int c = c_begin, sc = 0;
-        if (c < c_end) load_sub<B>(regs, W, row0, P.n, row_words, (long long)c * kXK / 32 * B, lane, P.vec16);
+        if (c < c_end) {
+            load_sub<B>(regs, W, row0, P.n, row_words, (long long)c * kXK / 32 * B, lane, P.vec16);
+            load_sb<B>(sregs, P.sc, P.bi, P.sdt, sbase, row0, P.n, groups, c * kXK / P.group, ngs, lane);
+        }
         for (; c < c_end; c++) {
             const int k0 = c * kXK, len = min(kXK, P.k - k0), nb = len / 32;
             const int nsub = (nb + G::NBC - 1) / G::NBC;
             __syncthreads();
-            stage_x<XF16>(P.m, P.k, P.group, x, item.mask, k0, len, xf, xs);
+            stage_x(P.m, P.k, x, item.mask, k0, len, xf);
+            __syncthreads();
+            stage_xsum<XF16>(len, P.group, xf, xs);
             __syncthreads();
             for (sc = 0; sc < nsub; sc++) {
                 kp_syncwarp();
                 park_sub<B>(regs, wbuf, lane);
+#pragma unroll
+                for (int i = 0; i < G::NBC; i++)
+                    if (i < ngs) sbuf[i * 32 + lane] = sregs[i];
                 kp_syncwarp();
                 /* next sub-chunk of this slice, possibly in the next x-chunk */
                 long long nw = -1;
@@ -217,7 +270,10 @@ template <int B, bool XF16> __global__ void __launch_bounds__(kThreads, B == 5 ?
                     nw = (long long)(k0 / 32 + (sc + 1) * G::NBC) * B;
                 else if (c + 1 < c_end)
                     nw = (long long)(c + 1) * kXK / 32 * B;
-                if (nw >= 0) load_sub<B>(regs, W, row0, P.n, row_words, nw, lane, P.vec16);
+                if (nw >= 0) {
+                    load_sub<B>(regs, W, row0, P.n, row_words, nw, lane, P.vec16);
+                    load_sb<B>(sregs, P.sc, P.bi, P.sdt, sbase, row0, P.n, groups, (int)(nw / B * 32 / P.group), ngs, lane);
+                }
 
                 const int jb_end = min(G::NBC, nb - sc * G::NBC);
                 float S0[4] = {0.f, 0.f, 0.f, 0.f}, S1[4] = {0.f, 0.f, 0.f, 0.f};
@@ -240,12 +296,11 @@ template <int B, bool XF16> __global__ void __launch_bounds__(kThreads, B == 5 ?
                     kp_mma_16816<XF16>(S1, a1, b1);
                     const int gb = k0 / 32 + cb; /* block within the row */
                     if (((gb + 1) & ((1 << lbpg) - 1)) == 0) {
-                        const int gi = gb >> lbpg, gl = cb >> lbpg; /* group in row, group in x-chunk */
+                        const int gl = cb >> lbpg, gs = jb >> lbpg; /* group in x-chunk, in sub-chunk */
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
-                            const int row = min(row0 + g + 8 * h, P.n - 1);
-                            const long long si = sbase + (long long)row * groups + gi;
-                            const float s = load_scale(P.sc, si, P.sdt), bi = load_scale(P.bi, si, P.sdt);
+                            const int rr = g + 8 * h;
+                            const float s = sbuf[rr * 2 * ngs + gs], bi = sbuf[rr * 2 * ngs + ngs + gs];
 #pragma unroll
                             for (int j = 0; j < 2; j++) {
                                 const int e = 2 * h + j;
@@ -323,7 +378,7 @@ __global__ void relu2_kernel(void *y, int bf16, size_t count) {
 
 template <int B> constexpr size_t smem_bytes() {
     return (size_t)kXBlocks * 64 * sizeof(uint2) + (size_t)kXBlocks * kMaxRows * sizeof(float) +
-           (size_t)kWarps * Geo<B>::BUF * sizeof(uint32_t);
+           (size_t)kWarps * Geo<B>::BUF * sizeof(uint32_t) + (size_t)kWarps * Geo<B>::SBUF * sizeof(float);
 }
 
 int g_sms = 0;
@@ -375,6 +430,7 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int gr
                  "stream tile: n %d k %d bits %d group %d", W->n, W->k, W->bits, W->group);
     KEEL_ASSERTF(P.m >= 1 && P.m <= kMaxRows, "stream tile: m %d (1..%d)", P.m, kMaxRows);
     KEEL_ASSERT(xdt == KEEL_DT_BF16 || xdt == KEEL_DT_F16);
+    KEEL_ASSERTF(((uintptr_t)P.x & 3u) == 0, "stream tile: activations must be 4-byte aligned");
     KEEL_ASSERT(ydt == KEEL_DT_F32 || ydt == KEEL_DT_BF16);
     cudaStream_t st = (cudaStream_t)stream;
     P.w = W->w;
