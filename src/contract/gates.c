@@ -382,7 +382,7 @@ static void gate3(const keel_contract_reg *reg, keel_contract_launch_fn launch, 
     for (int d = 0; d < D_COUNT && gr->pass; d++)
         for (int seed = 1; seed <= 2 && gr->pass; seed++) {
             const keel_contract_shape *s = &reg->shapes[seed == 1 ? reg->n_shapes - 1 : KEEL_MIN(1, reg->n_shapes - 1)];
-            const int m = KEEL_MIN(seed == 1 ? 2 : 3, s->m_hi);
+            const int m = seed == 1 ? KEEL_MIN(2, s->m_hi) : s->m_hi; /* a short launch and the longest */
             hcase h = gen_case(reg, s->n, s->k, m, (dist)d, (uint64_t)(1000 + seed));
             void *y = ybuf(reg, y_count(reg, m, s->n));
             if (!launch_case(reg, launch, &h, y, false, why, sizeof why)) {
@@ -438,9 +438,9 @@ static void gate4_rows(const keel_contract_reg *reg, keel_contract_launch_fn lau
         void *y = ybuf(reg, (size_t)M * s->n), *ym = ybuf(reg, (size_t)M * s->n);
         launch_case(reg, launch, &h, y, false, why, sizeof why);
         const size_t es = keel_dtype_size(reg->ydt);
-        for (int m = KEEL_MAX(1, s->m_lo); m < M && gr->pass; m++)
-            for (int pos = 0; pos < 2 && gr->pass; pos++) {
-                const int r0 = pos ? M - m : 0;
+        for (int m = 1; m < M && gr->pass; m++) /* every row alone; longer runs at the start and the end */
+            for (int pos = 0; pos < (m == 1 ? M : 2) && gr->pass; pos++) {
+                const int r0 = m == 1 ? pos : pos ? M - m : 0;
                 hcase p = sub_rows(reg, &h, r0, m);
                 launch_case(reg, launch, &p, ym, false, why, sizeof why);
                 if (!same_bits(reg, ym, (uint8_t *)y + (size_t)r0 * s->n * es, (size_t)m * s->n, &at))
