@@ -203,7 +203,7 @@ __device__ __forceinline__ void load_sb(float (&r)[Geo<B>::NBC], const void *sc,
         if (i < ngs) {
             const int v = i * 32 + lane, rr = v / (2 * ngs), rest = v % (2 * ngs), which = rest / ngs, gl = rest % ngs;
             const int row = min(row0 + rr, n - 1);
-            r[i] = load_scale(which ? bi : sc, sbase + (long long)row * groups + g0 + gl, sdt);
+            if (g0 + gl < groups) r[i] = load_scale(which ? bi : sc, sbase + (long long)row * groups + g0 + gl, sdt);
         }
     }
 }
