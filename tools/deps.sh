@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # deps.sh: installs what keel needs to build and test, only what is missing; safe to run again.
 set -euo pipefail
-debs=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libcmocka-dev clang libomp-dev python3 python3-pip)
+# hipcc, rocm-device-libs, libamdhip64-dev: Debian's HIP 5.2.3, the pinned compiler of gate 5's gfx records (keel audit).
+debs=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libcmocka-dev clang libomp-dev python3 python3-pip
+      hipcc rocm-device-libs libamdhip64-dev)
 missing=()
 for p in "${debs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -1,0 +1,240 @@
+/* Gate 5 on the host: records and findings parsing (every error path), the findings list held to the records in
+ * the repository, limit checks, record comparison and the live comparison on crafted values. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include "contract/audit.h"
+
+static const char *src_dir(void) {
+    const char *s = getenv("KEEL_SRC");
+    return s && *s ? s : ".";
+}
+
+/* Runs fn-printed output into a string for matching. */
+static char *capture_buf;
+static size_t capture_len;
+static FILE *cap_open(void) { return open_memstream(&capture_buf, &capture_len); }
+static void cap_close(FILE *f) { fclose(f); }
+
+static const char good[] = "# c\nCOMPILER sm_90 Cuda compilation tools, release 13.0, V13.0.88\n"
+                           "RECORD sm_90 k<1,false> regs=40 spill_st=0 spill_ld=0 stack=0 smem=0 block=256 dsmem=8192\n";
+
+static void test_records_parse(void **st) {
+    (void)st;
+    keel_audit_records r;
+    keel_audit_records_init(&r);
+    keel_err err = {0};
+    assert_int_equal(keel_audit_records_parse(&r, good, "f", &err), KEEL_OK);
+    const keel_audit_record *rec = keel_audit_records_find(&r, "sm_90", "k<1,false>");
+    assert_non_null(rec);
+    assert_int_equal(keel_audit_record_get(rec, "regs"), 40);
+    assert_int_equal(keel_audit_record_get(rec, "dsmem"), 8192);
+    assert_int_equal(keel_audit_record_get(rec, "nope"), -1);
+    assert_string_equal(keel_audit_records_compiler(&r, "sm_90"), "Cuda compilation tools, release 13.0, V13.0.88");
+    keel_audit_records_free(&r);
+    keel_audit_records_free(NULL);
+}
+
+static void expect_bad(const char *text, const char *needle) {
+    keel_audit_records r;
+    keel_audit_records_init(&r);
+    keel_err err = {0};
+    assert_int_equal(keel_audit_records_parse(&r, text, "recs", &err), KEEL_E_FORMAT);
+    if (!strstr(err.msg, needle)) fail_msg("reason '%s' lacks '%s'", err.msg, needle);
+    keel_audit_records_free(&r);
+}
+
+static void test_records_errors(void **st) {
+    (void)st;
+    expect_bad("RECORD sm_90 k regs=1\n", "before the COMPILER");
+    expect_bad("# only\n", "no COMPILER line");
+    expect_bad("COMPILER sm_90\n", "expected 'COMPILER");
+    expect_bad("COMPILER sm_90 v\nCOMPILER sm_80 v\n", "second COMPILER");
+    expect_bad("COMPILER sm_90 v\nRECORD sm_80 k regs=1\n", "chip sm_80 in the file of chip sm_90");
+    expect_bad("COMPILER sm_90 v\nRECORD sm_90 k regs=1\nRECORD sm_90 k regs=2\n", "second record of k");
+    expect_bad("COMPILER sm_90 v\nRECORD sm_90 k regs=-1\n", "field 'regs=-1'");
+    expect_bad("COMPILER sm_90 v\nRECORD sm_90 k regs\n", "expected name=count");
+    expect_bad("COMPILER sm_90 v\nRECORD sm_90 k regs=1 regs=2\n", "regs given twice");
+    expect_bad("COMPILER sm_90 v\nRECORD sm_90 k\n", "has no fields");
+    expect_bad("COMPILER sm_90 v\nRECORD sm_90\n", "expected 'RECORD");
+    expect_bad("COMPILER sm_90 v\nBOGUS x\n", "found 'BOGUS'");
+    /* the same chip in two files */
+    keel_audit_records r;
+    keel_audit_records_init(&r);
+    keel_err err = {0};
+    assert_int_equal(keel_audit_records_parse(&r, good, "a", &err), KEEL_OK);
+    assert_int_equal(keel_audit_records_parse(&r, good, "b", &err), KEEL_E_FORMAT);
+    assert_non_null(strstr(err.msg, "another file"));
+    keel_audit_records_free(&r);
+}
+
+static void test_findings_parse(void **st) {
+    (void)st;
+    keel_audit_findings f = {0};
+    keel_err err = {0};
+    assert_int_equal(keel_audit_findings_parse(&f, "# c\ncpu/x 3 other gate\nsm_90/k<1,false> 5 spills\n", "kf", &err),
+                     KEEL_OK);
+    assert_int_equal(f.n, 1);
+    assert_true(keel_audit_findings_has(&f, "sm_90", "k<1,false>"));
+    assert_false(keel_audit_findings_has(&f, "sm_80", "k<1,false>"));
+    keel_audit_findings_free(&f);
+    keel_audit_findings_free(NULL);
+    const char *bad[][2] = {{"sm_90/k 7 why\n", "gate 1-5"}, {"sm_90/k 5\n", "gate 1-5"},
+                            {"k 5 no chip\n", "expected <chip>/<kernel>"}, {"a/k 5 x\na/k 5 y\n", "listed twice"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        keel_audit_findings g = {0};
+        assert_int_equal(keel_audit_findings_parse(&g, bad[i][0], "kf", &err), KEEL_E_FORMAT);
+        if (!strstr(err.msg, bad[i][1])) fail_msg("'%s' lacks '%s'", err.msg, bad[i][1]);
+        keel_audit_findings_free(&g);
+    }
+}
+
+/* The repository's findings list matches its records: both directions. */
+static void test_repo_findings_match_records(void **st) {
+    (void)st;
+    char rdir[1024], fpath[1024];
+    snprintf(rdir, sizeof rdir, "%s/contract/records", src_dir());
+    snprintf(fpath, sizeof fpath, "%s/contract/known_findings_gate5", src_dir());
+    keel_audit_records r;
+    keel_audit_records_init(&r);
+    keel_audit_findings f = {0};
+    keel_err err = {0};
+    if (keel_audit_records_load(&r, rdir, &err) != KEEL_OK) fail_msg("%s", err.msg);
+    if (keel_audit_findings_load(&f, fpath, &err) != KEEL_OK) fail_msg("%s", err.msg);
+    assert_true(r.n > 0);
+    FILE *o = cap_open();
+    int p = keel_audit_findings_check(&r, &f, o);
+    cap_close(o);
+    if (p) fail_msg("%s", capture_buf);
+    free(capture_buf);
+    /* every record's kernel has a launch declaration, and its block/dsmem agree with it */
+    for (int i = 0; i < r.n; i++) {
+        const keel_audit_kernel *k = keel_audit_kernel_find(r.items[i].kernel);
+        if (!k) fail_msg("%s %s: no launch declaration", r.items[i].chip, r.items[i].kernel);
+        assert_int_equal(keel_audit_record_get(&r.items[i], "block"), k->block);
+        assert_int_equal(keel_audit_record_get(&r.items[i], "dsmem"), k->dsmem);
+    }
+    keel_audit_records_free(&r);
+    keel_audit_findings_free(&f);
+}
+
+/* The check itself goes red both ways on crafted lists. */
+static void test_findings_check_both_ways(void **st) {
+    (void)st;
+    keel_audit_records r;
+    keel_audit_records_init(&r);
+    keel_err err = {0};
+    assert_int_equal(keel_audit_records_parse(&r,
+                                              "COMPILER sm_90 v\nRECORD sm_90 a regs=1 spill_st=4 stack=0\n"
+                                              "RECORD sm_90 b regs=1 spill_st=0 stack=0\n",
+                                              "r", &err),
+                     KEEL_OK);
+    keel_audit_findings none = {0}, stale = {0};
+    assert_int_equal(keel_audit_findings_parse(&stale, "sm_90/a 5 x\nsm_90/b 5 y\nsm_90/gone 5 z\n", "f", &err), KEEL_OK);
+    FILE *o = cap_open();
+    assert_int_equal(keel_audit_findings_check(&r, &none, o), 1);
+    cap_close(o);
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 a findings"));
+    free(capture_buf);
+    o = cap_open();
+    assert_int_equal(keel_audit_findings_check(&r, &stale, o), 2);
+    cap_close(o);
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 b findings"));
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 gone findings"));
+    free(capture_buf);
+    keel_audit_findings_free(&stale);
+    keel_audit_records_free(&r);
+}
+
+static void test_limits_and_compare(void **st) {
+    (void)st;
+    keel_audit_records r;
+    keel_audit_records_init(&r);
+    keel_audit_record *a = keel_audit_records_add(&r, "sm_90", "k");
+    keel_audit_record_set(a, "regs", 200);
+    keel_audit_record_set(a, "spill_st", 0);
+    keel_audit_record_set(a, "stack", 0);
+    keel_audit_record_set(a, "smem", 0);
+    keel_audit_kernel k = {"k", "x.cu", 128, 0, 4, false};
+    FILE *o = cap_open();
+    /* 200 regs x 128 threads: 6400 per warp -> 10 warps -> 2 blocks < 4 */
+    assert_int_equal(keel_audit_limits(a, &k, NULL, o), 1);
+    cap_close(o);
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 k regs: 200 registers x 128 threads allow 2 blocks per SM"));
+    free(capture_buf);
+    keel_audit_record_set(a, "regs", 128); /* 4096 a warp -> 16 warps -> 4 blocks */
+    k.dsmem = 30000; /* 4 x (30000 + 1024) fits sm_90's 233472 */
+    o = cap_open();
+    assert_int_equal(keel_audit_limits(a, &k, NULL, o), 0);
+    cap_close(o);
+    free(capture_buf);
+    keel_audit_record *b = keel_audit_records_add(&r, "sm_86", "k");
+    keel_audit_record_set(b, "regs", 64);
+    keel_audit_record_set(b, "stack", 16);
+    o = cap_open();
+    assert_int_equal(keel_audit_limits(b, &k, NULL, o), 2); /* a stack frame, and 4 x 31 KB > 100 KB */
+    cap_close(o);
+    assert_non_null(strstr(capture_buf, "LIMIT sm_86 k stack: 16"));
+    assert_non_null(strstr(capture_buf, "LIMIT sm_86 k smem"));
+    free(capture_buf);
+    assert_int_equal(keel_audit_limits(b, NULL, NULL, stderr), 1); /* no launch declaration */
+
+    keel_audit_records c;
+    keel_audit_records_init(&c);
+    keel_audit_record *x = keel_audit_records_add(&c, "sm_90", "k");
+    keel_audit_record_set(x, "regs", 127);
+    keel_audit_record_set(x, "smem", 0);
+    keel_audit_record_set(x, "gone", 1);
+    o = cap_open();
+    assert_int_equal(keel_audit_compare(x, a, o), 4); /* regs differ; spill_st, stack unrecorded; gone missing */
+    cap_close(o);
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 k regs: recorded 127, compiled 128"));
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 k gone: recorded 1"));
+    free(capture_buf);
+    keel_audit_records_free(&c);
+    keel_audit_records_free(&r);
+}
+
+static void test_live_compare(void **st) {
+    (void)st;
+    keel_audit_records r;
+    keel_audit_records_init(&r);
+    keel_err err = {0};
+    assert_int_equal(keel_audit_records_parse(&r, good, "f", &err), KEEL_OK);
+    keel_audit_live same = {40, 0, 0, 8192}, off = {41, 16, 0, -1};
+    assert_int_equal(keel_audit_live_compare(&r, "sm_90", "k<1,false>", &same, stderr), 0);
+    FILE *o = cap_open();
+    assert_int_equal(keel_audit_live_compare(&r, "sm_90", "k<1,false>", &off, o), 2);
+    assert_int_equal(keel_audit_live_compare(&r, "sm_80", "k<1,false>", &same, o), 1);
+    cap_close(o);
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 k<1,false> regs: recorded 40, loaded numRegs 41"));
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 k<1,false> stack: recorded 0, loaded localSizeBytes 16"));
+    assert_non_null(strstr(capture_buf, "LIMIT sm_80 k<1,false> live: loaded, but there is no record"));
+    free(capture_buf);
+    keel_audit_records_free(&r);
+}
+
+static void test_symbols_for(void **st) {
+    (void)st;
+    const char *s[4];
+    assert_int_equal(keel_audit_symbols_for(0, 4, true, s, 4), 2);
+    assert_string_equal(s[0], "stream_tile<4,true>");
+    assert_string_equal(s[1], "stream_finish");
+    assert_int_equal(keel_audit_symbols_for(0, 7, false, s, 4), 0);
+    assert_int_equal(keel_audit_symbols_for(2, 0, false, s, 4), 1);
+    assert_string_equal(s[0], "relu2_kernel");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_records_parse),        cmocka_unit_test(test_records_errors),
+        cmocka_unit_test(test_findings_parse),       cmocka_unit_test(test_repo_findings_match_records),
+        cmocka_unit_test(test_findings_check_both_ways), cmocka_unit_test(test_limits_and_compare),
+        cmocka_unit_test(test_live_compare),         cmocka_unit_test(test_symbols_for),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
