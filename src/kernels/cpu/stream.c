@@ -7,6 +7,7 @@
 
 #if defined(__x86_64__)
 #define KEEL_STREAM_HOST_X86 1
+#include <cpuid.h>
 #endif
 
 static int g_threads = 0;
@@ -22,8 +23,11 @@ static bool cpu_has_avx2(void) {
 #if defined(KEEL_STREAM_HOST_X86)
     static int cached = -1;
     if (cached < 0) {
+        /* f16c through cpuid leaf 1 (ECX bit 29): clang 14 does not know __builtin_cpu_supports("f16c") */
+        unsigned a, b, c, d;
+        bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     }
     return cached == 1;
 #else
