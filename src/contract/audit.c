@@ -190,19 +190,20 @@ keel_code keel_audit_records_load(keel_audit_records *r, const char *dir, keel_e
 /* ---- launch declarations ------------------------------------------------------------------------------- */
 
 /* Block and dynamic shared memory as stream.cu launches them (kThreads; smem_bytes<B>()); min_blocks is the
- * second __launch_bounds__ argument. The live check compares dsmem with the attribute the launch set. */
-#define KA_STREAM(B, X, DS, MB) {"stream_tile<" #B "," #X ">", "src/kernels/cuda/stream.cu", 128, DS, MB, false}
+ * second __launch_bounds__ argument (min_blocks_100k where stream.cu lowers it for 100 KB chips). The live
+ * check compares dsmem with the attribute the launch set. */
+#define KA_STREAM(B, X, DS, MB, MBS) {"stream_tile<" #B "," #X ">", "src/kernels/cuda/stream.cu", 128, DS, MB, MBS, false}
 static const keel_audit_kernel kernels[] = {
-    KA_STREAM(2, false, 26688, 4), KA_STREAM(3, false, 26688, 4), KA_STREAM(4, false, 26688, 4),
-    KA_STREAM(5, false, 34880, 2), KA_STREAM(6, false, 26688, 4), KA_STREAM(8, false, 27712, 4),
-    KA_STREAM(2, true, 26688, 4),  KA_STREAM(3, true, 26688, 4),  KA_STREAM(4, true, 26688, 4),
-    KA_STREAM(5, true, 34880, 2),  KA_STREAM(6, true, 26688, 4),  KA_STREAM(8, true, 27712, 4),
-    {"stream_finish", "src/kernels/cuda/stream.cu", 256, 0, 1, false},
-    {"relu2_kernel", "src/kernels/cuda/stream.cu", 256, 0, 1, false},
-    {"fill_kernel", "src/kernels/cuda/bench_stream.cu", 256, 0, 1, false}, /* keel bench stream */
-    {"read_kernel", "src/kernels/cuda/bench_stream.cu", 512, 0, 1, false},
+    KA_STREAM(2, false, 26688, 4, 3), KA_STREAM(3, false, 26688, 4, 3), KA_STREAM(4, false, 26688, 4, 3),
+    KA_STREAM(5, false, 34880, 2, 0), KA_STREAM(6, false, 26688, 4, 3), KA_STREAM(8, false, 27712, 4, 3),
+    KA_STREAM(2, true, 26688, 4, 3),  KA_STREAM(3, true, 26688, 4, 3),  KA_STREAM(4, true, 26688, 4, 3),
+    KA_STREAM(5, true, 34880, 2, 0),  KA_STREAM(6, true, 26688, 4, 3),  KA_STREAM(8, true, 27712, 4, 3),
+    {"stream_finish", "src/kernels/cuda/stream.cu", 256, 0, 1, 0, false},
+    {"relu2_kernel", "src/kernels/cuda/stream.cu", 256, 0, 1, 0, false},
+    {"fill_kernel", "src/kernels/cuda/bench_stream.cu", 256, 0, 1, 0, false}, /* keel bench stream */
+    {"read_kernel", "src/kernels/cuda/bench_stream.cu", 512, 0, 1, 0, false},
     /* planted twin: a run-time-indexed local array (stack frame) under a 32-register cap (spills) */
-    {"gate5_local_array", "src/contract/gate5_twin.cu", 128, 0, 16, true},
+    {"gate5_local_array", "src/contract/gate5_twin.cu", 128, 0, 16, 0, true},
 };
 
 const keel_audit_kernel *keel_audit_kernels(int *n) {
@@ -382,15 +383,16 @@ int keel_audit_limits(const keel_audit_record *rec, const keel_audit_kernel *k, 
     }
     const nv_chip *nv = nv_find(c);
     if (nv) {
+        const int min_blocks = nv->smem_sm <= 102400 && k->min_blocks_100k ? k->min_blocks_100k : k->min_blocks;
         long long regs = keel_audit_record_get(rec, "regs"), smem = keel_audit_record_get(rec, "smem");
         int by_regs = nv_blocks_by_regs(regs, k->block);
         if (regs > 255) {
             fprintf(out, "LIMIT %s %s regs: %lld, above 255 a thread\n", c, kn, regs);
             problems++;
         }
-        if (by_regs < k->min_blocks) {
+        if (by_regs < min_blocks) {
             fprintf(out, "LIMIT %s %s regs: %lld registers x %d threads allow %d blocks per SM, the launch declares %d\n",
-                    c, kn, regs, k->block, by_regs, k->min_blocks);
+                    c, kn, regs, k->block, by_regs, min_blocks);
             problems++;
         }
         long long per_block = (smem > 0 ? smem : 0) + k->dsmem;
@@ -398,9 +400,9 @@ int keel_audit_limits(const keel_audit_record *rec, const keel_audit_kernel *k, 
             fprintf(out, "LIMIT %s %s smem: %lld static + %d dynamic bytes, above %d a block\n", c, kn, smem, k->dsmem,
                     nv->smem_block);
             problems++;
-        } else if ((per_block + 1024) * k->min_blocks > nv->smem_sm) {
+        } else if ((per_block + 1024) * min_blocks > nv->smem_sm) {
             fprintf(out, "LIMIT %s %s smem: %d blocks of %lld bytes (+1 KiB reserved each) exceed %d per SM\n", c, kn,
-                    k->min_blocks, per_block, nv->smem_sm);
+                    min_blocks, per_block, nv->smem_sm);
             problems++;
         }
     } else {

@@ -62,6 +62,7 @@ typedef struct keel_audit_kernel {
     const char *symbol;  /* "stream_tile<4,false>" */
     const char *source;  /* relative to the source dir */
     int block, dsmem, min_blocks;
+    int min_blocks_100k; /* blocks per SM on chips with 100 KB of shared memory per SM; 0: min_blocks */
     bool control;        /* a planted gate-5 twin: audited only when its source is named with --source */
 } keel_audit_kernel;
 

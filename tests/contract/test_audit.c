@@ -159,7 +159,7 @@ static void test_limits_and_compare(void **st) {
     keel_audit_record_set(a, "spill_st", 0);
     keel_audit_record_set(a, "stack", 0);
     keel_audit_record_set(a, "smem", 0);
-    keel_audit_kernel k = {"k", "x.cu", 128, 0, 4, false};
+    keel_audit_kernel k = {"k", "x.cu", 128, 0, 4, 0, false};
     FILE *o = cap_open();
     /* 200 regs x 128 threads: 6400 per warp -> 10 warps -> 2 blocks < 4 */
     assert_int_equal(keel_audit_limits(a, &k, NULL, o), 1);

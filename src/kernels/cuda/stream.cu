@@ -22,6 +22,12 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMinBlocks = 4; /* blocks per SM the register budget must allow (5-bit: two fewer, no spills) */
+/* Chips with 100 KB of shared memory per SM (sm_86, sm_87, sm_89, sm_120) hold three of these blocks, not four. */
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
+#define KEEL_STREAM_MIN_BLOCKS 3
+#else
+#define KEEL_STREAM_MIN_BLOCKS kMinBlocks
+#endif
 constexpr int kRowsPerWarp = 16;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 constexpr int kXK = 1024;              /* codes per x-chunk */
@@ -208,7 +214,7 @@ __device__ __forceinline__ void load_sb(float (&r)[Geo<B>::NBC], const void *sc,
     }
 }
 
-template <int B, bool XF16> __global__ void __launch_bounds__(kThreads, B == 5 ? kMinBlocks - 2 : kMinBlocks) stream_tile(Params P) {
+template <int B, bool XF16> __global__ void __launch_bounds__(kThreads, B == 5 ? kMinBlocks - 2 : KEEL_STREAM_MIN_BLOCKS) stream_tile(Params P) {
     using G = Geo<B>;
     extern __shared__ uint4 smem_raw[];
     uint2 *xf = (uint2 *)smem_raw;                                 /* kXBlocks * 64 */
