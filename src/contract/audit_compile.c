@@ -60,16 +60,20 @@ static bool version_line(const char *cmd, const char *prefix, char *out, size_t 
     return found;
 }
 
+/* True when snprintf's result fit its buffer (a path too long for a command is refused, never cut). */
+static bool fits(int n, size_t cap) { return n >= 0 && (size_t)n < cap; }
+
 /* The pinned compilers' version lines; empty when the compiler is absent. */
 static void compiler_versions(char *nv, char *hip, size_t cap) {
     char cmd[600];
     nv[0] = hip[0] = 0;
-    snprintf(cmd, sizeof cmd, "'%s' --version 2>/dev/null", tool("KEEL_NVCC", NVCC_DEFAULT));
-    version_line(cmd, "Cuda compilation tools", nv, cap);
+    if (fits(snprintf(cmd, sizeof cmd, "'%s' --version 2>/dev/null", tool("KEEL_NVCC", NVCC_DEFAULT)), sizeof cmd))
+        version_line(cmd, "Cuda compilation tools", nv, cap);
     char hv[160] = "", cv[160] = "";
-    snprintf(cmd, sizeof cmd, "'%s' --version 2>/dev/null", tool("KEEL_HIPCC", HIPCC_DEFAULT));
-    if (version_line(cmd, "HIP version", hv, sizeof hv) && version_line(cmd, "clang version", cv, sizeof cv))
-        snprintf(hip, cap, "%s, %s", hv, cv);
+    if (fits(snprintf(cmd, sizeof cmd, "'%s' --version 2>/dev/null", tool("KEEL_HIPCC", HIPCC_DEFAULT)), sizeof cmd) &&
+        version_line(cmd, "HIP version", hv, sizeof hv) && version_line(cmd, "clang version", cv, sizeof cv) &&
+        !fits(snprintf(hip, cap, "%s, %s", hv, cv), cap))
+        hip[0] = 0;
 }
 
 /* ---- parsing the compilers' reports (already demangled) ------------------------------------------------ */
@@ -187,19 +191,22 @@ static bool shell_safe(const char *s) { return !strchr(s, '\''); }
 
 static pid_t start_job(job *j, const char *src, const char *tmp, int idx) {
     char cmd[4096], obj[1100];
-    snprintf(obj, sizeof obj, "%s/j%d.o", tmp, idx);
-    snprintf(j->log, sizeof j->log, "%s/j%d.log", tmp, idx);
+    int n;
+    if (!fits(snprintf(obj, sizeof obj, "%s/j%d.o", tmp, idx), sizeof obj) ||
+        !fits(snprintf(j->log, sizeof j->log, "%s/j%d.log", tmp, idx), sizeof j->log))
+        return -1;
     if (is_nv(j->chip))
-        snprintf(cmd, sizeof cmd,
+        n = snprintf(cmd, sizeof cmd,
                  "'%s' -cubin -arch=%s -O3 -DNDEBUG -std=c++17 --resource-usage -I'%s/src' -o '%s' '%s' >'%s.raw' 2>&1"
                  " && c++filt <'%s.raw' >'%s' || { cat '%s.raw' >'%s'; exit 1; }",
                  tool("KEEL_NVCC", NVCC_DEFAULT), j->chip, src, obj, j->source, j->log, j->log, j->log, j->log, j->log);
     else
-        snprintf(cmd, sizeof cmd,
+        n = snprintf(cmd, sizeof cmd,
                  "'%s' -x hip --offload-arch=%s --cuda-device-only -c -O3 -DNDEBUG -std=c++17"
                  " -Rpass-analysis=kernel-resource-usage -I'%s/src' -o '%s' '%s' >'%s.raw' 2>&1"
                  " && c++filt <'%s.raw' >'%s' || { cat '%s.raw' >'%s'; exit 1; }",
                  tool("KEEL_HIPCC", HIPCC_DEFAULT), j->chip, src, obj, j->source, j->log, j->log, j->log, j->log, j->log);
+    if (!fits(n, sizeof cmd)) return -1;
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
