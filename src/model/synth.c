@@ -1,8 +1,9 @@
 /* model: `keel synth`: a random nemotron_h checkpoint of any geometry, deterministic from a seed, streamed to disk.
  *
- * Every tensor's shape is known from the config, so each safetensors header is computed first; then each tensor is
- * generated (one stream per row, seeded from the seed and the tensor's name), quantized in row chunks and written
- * at its offset of a temporary file that is renamed into place when complete. Memory stays at one chunk.
+ * Every tensor's shape is known from the config, so each safetensors header is computed first; then the tensors are
+ * cut into units of a few MB of output that threads generate (element i of a tensor is a hash of the seed, the
+ * tensor's name and i), quantize and write at their offsets of a temporary file, renamed into place when complete.
+ * Memory stays at one unit per thread, and the bytes do not depend on the thread count.
  * Scales keep a forward pass sane: matrices ~ N(0, 1/in), norms ~ 1, A_log = log U(1, 16), dt_bias the inverse
  * softplus of a log-uniform dt in [0.001, 0.1], D ~ 1, a float router and a small correction bias.
  */
@@ -16,9 +17,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kernels/cpu/cpu.h"
 #include "model.h"
 
-#define SYNTH_CHUNK_FLOATS (8u << 20) /* floats generated per chunk: bounds memory for any model size */
+#define SYNTH_UNIT_BYTES ((size_t)4 << 20) /* output bytes per unit of work: one large pwrite per tensor */
+#define SYNTH_BATCH_FLOATS ((size_t)1 << 18) /* floats generated per quantize call: one thread's float buffer */
 
 typedef enum init_kind { INIT_NORMAL, INIT_ALOG, INIT_DTBIAS } init_kind;
 
@@ -265,10 +268,11 @@ static void plan_free(plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* ---- random numbers: splitmix64 seeds, one stream per row ---------------------------------------------- */
+/* ---- random numbers: counter-based, value i of a job = f(seed, job path, i) ------------------------------ */
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+#define SYNTH_GOLDEN 0x9e3779b97f4a7c15ull
+
+static uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -280,30 +284,46 @@ static uint64_t fnv1a(const char *s) {
     return h;
 }
 
-static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1p-53; } /* in (0, 1) */
+/* Element i of a job is mix64(k + (i + 1) * golden), k = mix64(seed ^ fnv1a(path)): splitmix64 at a counter. */
+static uint64_t job_key(uint64_t seed, const gjob *j) { return mix64(seed ^ fnv1a(j->path)) + SYNTH_GOLDEN; }
 
-static void gen_row(const gjob *j, uint64_t tseed, int64_t row, float *out) {
-    uint64_t s = tseed ^ (0xd1b54a32d192ed03ull * (uint64_t)(row + 1));
-    splitmix64(&s);
-    for (int c = 0; c < j->cols; c += 2) {
-        double u1 = uniform01(&s), u2 = uniform01(&s);
-        switch (j->init) {
-        case INIT_NORMAL: {
-            double r = sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
-            out[c] = (float)(j->mean + j->std * r * cos(a));
-            if (c + 1 < j->cols) out[c + 1] = (float)(j->mean + j->std * r * sin(a));
-            break;
-        }
-        case INIT_ALOG:
-            out[c] = (float)log(1.0 + 15.0 * u1);
-            if (c + 1 < j->cols) out[c + 1] = (float)log(1.0 + 15.0 * u2);
-            break;
-        case INIT_DTBIAS:
-            for (int k = 0; k < 2 && c + k < j->cols; k++) {
-                double dt = exp(log(0.001) + (log(0.1) - log(0.001)) * (k ? u2 : u1));
-                out[c + k] = (float)(dt + log(-expm1(-dt))); /* softplus(dt_bias) = dt */
-            }
-            break;
+/* Wider vectors where the CPU has them: the 64-bit multiplies of mix64 dominate generation. */
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define SYNTH_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+#endif
+#ifndef SYNTH_CLONES
+#define SYNTH_CLONES
+#endif
+
+/* Normal values: Irwin-Hall, four 16-bit uniforms of one hash summed, centred and scaled to unit variance. */
+SYNTH_CLONES static void gen_normal(uint64_t key, uint64_t base, size_t n, float mean, float std, float *out) {
+    const float k = 1.7320508f / 65536.0f;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = mix64(key + (base + i) * SYNTH_GOLDEN);
+        int32_t s = (int32_t)(h & 0xffff) + (int32_t)((h >> 16) & 0xffff) + (int32_t)((h >> 32) & 0xffff) +
+                    (int32_t)(h >> 48);
+        float z = (float)(s - 131070) * k; /* separate statements: no FMA contraction, same bytes on every CPU */
+        float y = std * z;
+        out[i] = mean + y;
+    }
+}
+
+/* Elements [base, base + n) of job j into out: any split of a job into ranges gives the same values. */
+static void gen_range(const gjob *j, uint64_t key, uint64_t base, size_t n, float *out) {
+    if (j->init == INIT_NORMAL) {
+        gen_normal(key, base, n, j->mean, j->std, out);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        double u = ((double)(mix64(key + (base + i) * SYNTH_GOLDEN) >> 11) + 0.5) * 0x1p-53; /* in (0, 1) */
+        if (j->init == INIT_ALOG) {
+            out[i] = (float)log(1.0 + 15.0 * u);
+        } else {
+            double dt = exp(log(0.001) + (log(0.1) - log(0.001)) * u);
+            out[i] = (float)(dt + log(-expm1(-dt))); /* softplus(dt_bias) = dt */
         }
     }
 }
@@ -321,41 +341,113 @@ static keel_code pwrite_all(int fd, const void *buf, size_t n, size_t off, const
     return KEEL_OK;
 }
 
-/* Generates job j and writes its tensors at their offsets, one chunk of rows at a time. */
-static keel_code run_job(const plan *p, const gjob *j, uint64_t seed, int fd, size_t data0, const char *path,
-                         keel_err *err) {
-    uint64_t ts = seed ^ fnv1a(j->path);
-    splitmix64(&ts);
-    int64_t chunk = KEEL_MAX(1, (int64_t)(SYNTH_CHUNK_FLOATS / (unsigned)KEEL_MAX(j->cols, 1)));
-    chunk = KEEL_MIN(chunk, j->rows);
-    float *f = keel_xmalloc((size_t)chunk * (size_t)j->cols * sizeof(float));
-    size_t wrow = j->bits ? keel_quant_row_words(j->cols, j->bits) * 4 : (size_t)j->cols * keel_dtype_size(j->sdt);
-    size_t srow = j->bits ? (size_t)(j->cols / j->group) * keel_dtype_size(j->sdt) : 0;
-    uint8_t *wbuf = keel_xmalloc((size_t)chunk * wrow), *sbuf = NULL, *bbuf = NULL;
-    if (j->bits) {
-        sbuf = keel_xmalloc((size_t)chunk * srow);
-        bbuf = keel_xmalloc((size_t)chunk * srow);
-    }
-    keel_code rc = KEEL_OK;
-    for (int64_t r0 = 0; r0 < j->rows && !rc; r0 += chunk) {
-        int64_t nr = KEEL_MIN(chunk, j->rows - r0);
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < nr; r++) gen_row(j, ts, r0 + r, f + (size_t)r * (size_t)j->cols);
-        if (j->bits) {
-            keel_quant_quantize(f, (int)nr, j->cols, j->bits, j->group, j->sdt, (uint32_t *)wbuf, sbuf, bbuf);
-            rc = pwrite_all(fd, sbuf, (size_t)nr * srow, data0 + p->t[j->ts].off + (size_t)r0 * srow, path, err);
-            if (!rc)
-                rc = pwrite_all(fd, bbuf, (size_t)nr * srow, data0 + p->t[j->tb].off + (size_t)r0 * srow, path, err);
-        } else {
-            size_t n = (size_t)nr * (size_t)j->cols;
-            for (size_t i = 0; i < n; i++) keel_dtype_set_f32(j->sdt, wbuf, i, f[i]);
+/* A unit of work: rows [r0, r0 + nr) of one job, generated, quantized and written by one thread. */
+typedef struct unit {
+    int job;
+    int64_t r0, nr;
+} unit;
+
+static size_t row_wbytes(const gjob *j) {
+    return j->bits ? keel_quant_row_words(j->cols, j->bits) * 4 : (size_t)j->cols * keel_dtype_size(j->sdt);
+}
+
+static size_t row_sbytes(const gjob *j) { return j->bits ? (size_t)(j->cols / j->group) * keel_dtype_size(j->sdt) : 0; }
+
+/* Splits every job into units of about SYNTH_UNIT_BYTES of output, so writes are large and threads stay busy. */
+static unit *plan_units(const plan *p, int *n_out) {
+    int n = 0, cap = 64;
+    unit *u = keel_xmalloc((size_t)cap * sizeof *u);
+    for (int i = 0; i < p->nj; i++) {
+        const gjob *j = &p->j[i];
+        int64_t per = KEEL_MAX(1, (int64_t)(SYNTH_UNIT_BYTES / (row_wbytes(j) + 2 * row_sbytes(j))));
+        for (int64_t r0 = 0; r0 < j->rows; r0 += per) {
+            if (n == cap) u = keel_xrealloc(u, (size_t)(cap *= 2) * sizeof *u);
+            u[n++] = (unit){i, r0, KEEL_MIN(per, j->rows - r0)};
         }
-        if (!rc) rc = pwrite_all(fd, wbuf, (size_t)nr * wrow, data0 + p->t[j->tw].off + (size_t)r0 * wrow, path, err);
     }
-    free(f);
-    free(wbuf);
-    free(sbuf);
-    free(bbuf);
+    *n_out = n;
+    return u;
+}
+
+typedef struct tbuf {
+    float *f;
+    uint8_t *w, *s, *b;
+    size_t nf, nw, ns, nb;
+} tbuf;
+
+static void *grow(void *p, size_t *cap, size_t need) {
+    if (need <= *cap) return p;
+    free(p);
+    *cap = need;
+    return keel_xmalloc(need);
+}
+
+/* One unit: rows in batches of about SYNTH_BATCH_FLOATS floats, quantized into the unit's buffers, then written
+ * with one pwrite per tensor at its offset. */
+static keel_code run_unit(const plan *p, const unit *u, uint64_t seed, int fd, size_t data0, const char *path,
+                          tbuf *t, keel_err *err) {
+    const gjob *j = &p->j[u->job];
+    const uint64_t key = job_key(seed, j);
+    const size_t cols = (size_t)j->cols, wrow = row_wbytes(j), srow = row_sbytes(j);
+    const int64_t batch = KEEL_MIN(u->nr, KEEL_MAX(1, (int64_t)(SYNTH_BATCH_FLOATS / KEEL_MAX(cols, 1))));
+    t->f = grow(t->f, &t->nf, (size_t)batch * cols * sizeof(float));
+    t->w = grow(t->w, &t->nw, (size_t)u->nr * wrow);
+    if (j->bits) {
+        t->s = grow(t->s, &t->ns, (size_t)u->nr * srow);
+        t->b = grow(t->b, &t->nb, (size_t)u->nr * srow);
+    }
+    for (int64_t r = 0; r < u->nr; r += batch) {
+        int64_t nb = KEEL_MIN(batch, u->nr - r);
+        gen_range(j, key, (uint64_t)(u->r0 + r) * cols, (size_t)nb * cols, t->f);
+        if (j->bits) {
+            keel_quant_quantize(t->f, (int)nb, j->cols, j->bits, j->group, j->sdt,
+                                (uint32_t *)(t->w + (size_t)r * wrow), t->s + (size_t)r * srow,
+                                t->b + (size_t)r * srow);
+        } else {
+            size_t n = (size_t)nb * cols, at = (size_t)r * cols;
+            for (size_t i = 0; i < n; i++) keel_dtype_set_f32(j->sdt, t->w, at + i, t->f[i]);
+        }
+    }
+    keel_code rc = pwrite_all(fd, t->w, (size_t)u->nr * wrow, data0 + p->t[j->tw].off + (size_t)u->r0 * wrow, path, err);
+    if (!rc && j->bits)
+        rc = pwrite_all(fd, t->s, (size_t)u->nr * srow, data0 + p->t[j->ts].off + (size_t)u->r0 * srow, path, err);
+    if (!rc && j->bits)
+        rc = pwrite_all(fd, t->b, (size_t)u->nr * srow, data0 + p->t[j->tb].off + (size_t)u->r0 * srow, path, err);
+    return rc;
+}
+
+/* Every unit on keel_cpu_threads() threads in any order: values depend on indices only, so bytes never depend on
+ * the thread count; each thread writes its own units, overlapping one thread's I/O with the others' compute. */
+static keel_code run_jobs(const plan *p, uint64_t seed, int fd, size_t data0, const char *path, keel_err *err) {
+    int nu = 0;
+    unit *units = plan_units(p, &nu);
+    keel_code rc = KEEL_OK;
+#pragma omp parallel num_threads(keel_cpu_threads())
+    {
+        tbuf t = {0};
+        keel_err e = {0};
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < nu; i++) {
+            keel_code cur;
+#pragma omp atomic read
+            cur = rc;
+            if (cur) continue;
+            keel_code r = run_unit(p, &units[i], seed, fd, data0, path, &t, &e);
+            if (r) {
+#pragma omp critical(keel_synth_err)
+                if (!rc) {
+                    if (err) *err = e;
+#pragma omp atomic write
+                    rc = r;
+                }
+            }
+        }
+        free(t.f);
+        free(t.w);
+        free(t.s);
+        free(t.b);
+    }
+    free(units);
     return rc;
 }
 
@@ -423,7 +515,7 @@ static keel_code write_st(plan *p, const char *path, const char *const *meta, in
         rc = pwrite_all(fd, head, 8 + hpad, 0, tmp, err);
         if (!rc && ftruncate(fd, (off_t)(8 + hpad + off)))
             rc = keel_err_set(err, KEEL_E_IO, "%s: cannot size to %zu bytes: %s", tmp, 8 + hpad + off, strerror(errno));
-        for (int i = 0; i < p->nj && !rc; i++) rc = run_job(p, &p->j[i], seed, fd, 8 + hpad, tmp, err);
+        if (!rc) rc = run_jobs(p, seed, fd, 8 + hpad, tmp, err);
         if (!rc && fsync(fd)) rc = keel_err_set(err, KEEL_E_IO, "%s: fsync failed: %s", tmp, strerror(errno));
         if (close(fd) && !rc) rc = keel_err_set(err, KEEL_E_IO, "%s: close failed: %s", tmp, strerror(errno));
         if (!rc && rename(tmp, path)) rc = keel_err_set(err, KEEL_E_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));

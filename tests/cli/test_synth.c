@@ -1,4 +1,5 @@
-/* keel synth then keel info: configs/demo.json at the widths asked, with an MTP head; bad arguments refused. */
+/* keel synth then keel info: configs/demo.json at the widths asked, with an MTP head; the same bytes under any
+ * OMP_NUM_THREADS; bad arguments refused. */
 #include <cjson/cJSON.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -79,6 +80,31 @@ static void test_synth_info(void **state) {
     cJSON_Delete(root);
 }
 
+static void test_threads_env(void **state) {
+    (void)state;
+    const char *tmp = getenv("KEEL_TMP");
+    char d[3][1024], cmd[2300];
+    const char *env[3] = {"OMP_NUM_THREADS=1", "OMP_NUM_THREADS=2", "OMP_NUM_THREADS=2"};
+    const int seed[3] = {3, 3, 4};
+    for (int i = 0; i < 3; i++) {
+        snprintf(d[i], sizeof d[i], "%s/cli_synth_thr%d", tmp ? tmp : "/tmp", i);
+        snprintf(cmd, sizeof cmd, "%s '%s' synth configs/demo.json '%s' --mtp-bits 6 --seed %d 2>&1", env[i], bin(),
+                 d[i], seed[i]);
+        int st;
+        char *out = run(cmd, &st);
+        if (st) fail_msg("synth failed: %s", out);
+        free(out);
+    }
+    const char *files[2] = {"model.safetensors", "mtp.safetensors"};
+    for (int f = 0; f < 2; f++)
+        for (int i = 1; i < 3; i++) {
+            snprintf(cmd, sizeof cmd, "cmp -s '%s/%s' '%s/%s'", d[0], files[f], d[i], files[f]);
+            int st = system(cmd);
+            assert_true(WIFEXITED(st));
+            assert_int_equal(WEXITSTATUS(st), i == 1 ? 0 : 1); /* thread count: same bytes; seed: different */
+        }
+}
+
 static void test_bad_args(void **state) {
     (void)state;
     const char *tmp = getenv("KEEL_TMP");
@@ -107,6 +133,7 @@ static void test_bad_args(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_synth_info),
+        cmocka_unit_test(test_threads_env),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

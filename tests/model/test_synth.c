@@ -1,6 +1,6 @@
 /* keel_synth_write: configs/demo.json written and loaded back with and without an MTP head, widths as asked,
  * values at the scales the forward pass needs, deterministic from the seed, a consistent byte-level tokenizer,
- * and refusals that leave nothing half-written. */
+ * the same bytes on any thread count, and refusals that leave nothing half-written. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <setjmp.h>
@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "kernels/cpu/cpu.h"
 #include "model/model.h"
 
 static char *demo_config(void) {
@@ -149,6 +150,68 @@ static void test_deterministic_and_widths(void **state) {
     free(cfg);
 }
 
+/* A config whose embedding and lm_head span several units of work, so threads split single tensors. */
+static char *wide_vocab_config(void) {
+    char *t = demo_config();
+    cJSON *c = cJSON_Parse(t);
+    free(t);
+    cJSON_ReplaceItemInObject(c, "vocab_size", cJSON_CreateNumber(131072));
+    t = cJSON_PrintUnformatted(c);
+    cJSON_Delete(c);
+    return t;
+}
+
+static void synth_threads(const char *cfg, const char *tag, int threads, uint64_t seed, char *dir, size_t n) {
+    out_dir(tag, dir, n);
+    keel_cpu_set_threads(threads);
+    synth(cfg, dir, (keel_synth_opts){4, 64, KEEL_DT_BF16, 6, seed});
+    keel_cpu_set_threads(0);
+}
+
+static void test_thread_count_invariant(void **state) {
+    (void)state;
+    char *cfg = wide_vocab_config(), d1[1024], d2[1024], d3[1024], ds[1024], a[1100], b[1100];
+    synth_threads(cfg, "thr1", 1, 11, d1, sizeof d1);
+    synth_threads(cfg, "thr2", 2, 11, d2, sizeof d2);
+    synth_threads(cfg, "thr3", 3, 11, d3, sizeof d3);
+    synth_threads(cfg, "thr_seed", 2, 12, ds, sizeof ds);
+    const char *files[2] = {"model.safetensors", "mtp.safetensors"};
+    for (int f = 0; f < 2; f++) {
+        snprintf(a, sizeof a, "%s/%s", d1, files[f]);
+        snprintf(b, sizeof b, "%s/%s", d2, files[f]);
+        assert_true(same_file(a, b));
+        snprintf(b, sizeof b, "%s/%s", d3, files[f]);
+        assert_true(same_file(a, b));
+        snprintf(b, sizeof b, "%s/%s", ds, files[f]);
+        assert_false(same_file(a, b));
+    }
+    /* the multi-unit tables load, and every row of them is drawn (no unit left as zeros) at N(0, 1) and 1/sqrt(in) */
+    keel_model m;
+    keel_err err = {0};
+    if (keel_model_load(&m, d2, NULL, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(m.embed.n, 131072);
+    const keel_qmat *tabs[2] = {&m.embed, &m.lm_head};
+    const double want[2] = {1.0, 1.0 / 16};
+    float *row = malloc((size_t)m.embed.k * sizeof *row);
+    for (int t = 0; t < 2; t++) {
+        double s2 = 0;
+        int zero_rows = 0;
+        for (int r = 0; r < tabs[t]->n; r++) {
+            keel_quant_dequantize_row(tabs[t], r, row);
+            double rs = 0;
+            for (int c = 0; c < tabs[t]->k; c++) rs += (double)row[c] * row[c];
+            zero_rows += rs == 0;
+            s2 += rs;
+        }
+        double std = sqrt(s2 / ((double)tabs[t]->n * tabs[t]->k));
+        assert_int_equal(zero_rows, 0);
+        assert_true(fabs(std - want[t]) < 0.05 * want[t]);
+    }
+    free(row);
+    keel_model_free(&m);
+    free(cfg);
+}
+
 static void test_tokenizer(void **state) {
     (void)state;
     char *cfg = demo_config(), dir[1024], path[1100], *text = NULL;
@@ -258,6 +321,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_deterministic_and_widths),
+        cmocka_unit_test(test_thread_count_invariant),
         cmocka_unit_test(test_tokenizer),
         cmocka_unit_test(test_refusals),
     };
