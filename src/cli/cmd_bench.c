@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "engine/engine.h"
 #include "kernels/cpu/cpu.h"
 #ifdef KEEL_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
@@ -207,6 +208,6 @@ int keel_cli_bench(int argc, char **argv) {
     if (!strcmp(what, "stream")) return keel_cli_fail("bench stream", "this keel was built without CUDA (KEEL_CUDA=OFF)");
 #endif
     /* ---- `keel bench decode` (end-to-end decode): its owner adds it here. ---- */
-    if (!strcmp(what, "decode")) return keel_cli_fail("bench decode", "needs a CUDA build and device");
+    if (!strcmp(what, "decode")) return keel_engine_bench_decode(argc - 1, argv + 1);
     return keel_cli_fail("bench", "unknown benchmark '%s' (expected cpu, stream or decode)", what);
 }

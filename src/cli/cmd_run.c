@@ -1,4 +1,4 @@
-/* keel run: generate from a prompt on the CPU engine, streaming text (or ids) as it is made; keel logits:
+/* keel run: generate from a prompt on the CPU or CUDA engine, streaming text (or ids) as it is made; keel logits:
  * teacher-forced logits, hidden states and MTP logits of a token sequence, written as safetensors. */
 #include <errno.h>
 #include <limits.h>
@@ -11,6 +11,9 @@
 #include "cli.h"
 #include "engine/engine.h"
 #include "kernels/cpu/cpu.h"
+#ifdef KEEL_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
 #include "tokenizer/tokenizer.h"
 
 #define DEFAULT_CTX 4096
@@ -18,10 +21,13 @@
 static const char *const RUN_USAGE =
     "usage: keel run MODEL_DIR (--prompt TEXT | --tokens 1,2,3) [-n N] [--greedy | --temp T --top-p P --top-k K\n"
     "                [--min-p M]] [--seed S] [--ids] [--ignore-eos] [--ctx N] [--threads T]\n"
+    "                [--backend cpu|cuda]\n"
     "  streams the generated text (with --ids the ids) to stdout; speed and the stop reason go to stderr.\n"
+    "  --backend: the engine (default cuda where this build has CUDA and a device is present, else cpu)\n"
     "  defaults: -n 128, --temp 0.8 --top-p 0.95 --min-p 0.05 --top-k 0 (off), --seed 0, --ctx max(4096, prompt+n) up to the model's limit\n";
 static const char *const LOGITS_USAGE =
     "usage: keel logits MODEL_DIR (--tokens 1,2,3 | --prompt TEXT) --out FILE.safetensors [--mtp] [--threads T]\n"
+    "                   [--backend cpu|cuda]\n"
     "  writes teacher-forced `logits` (positions x vocab), `hidden` (after norm_f), `tokens` and, with --mtp,\n"
     "  `mtp_logits` and `mtp_hidden` (positions-1 rows: the head at position i reads token i+1), all F32.\n";
 
@@ -29,6 +35,7 @@ typedef struct run_args {
     const char *dir, *prompt, *tokens, *out;
     int n_predict, ctx, threads;
     bool greedy, ids, mtp, ignore_eos;
+    int backend; /* keel_backend, or -1: cuda when built with CUDA and a device is present */
     keel_sampler_cfg samp;
 } run_args;
 
@@ -54,6 +61,7 @@ static bool parse_float(const char *s, float *out) {
  * after printing the usage for --help. */
 static int parse_args(const char *cmd, int argc, char **argv, bool logits, run_args *a) {
     memset(a, 0, sizeof *a);
+    a->backend = -1;
     a->n_predict = 128;
     a->samp = (keel_sampler_cfg){.temp = 0.8f, .top_k = 0, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
     bool sampling_set = false;
@@ -79,6 +87,11 @@ static int parse_args(const char *cmd, int argc, char **argv, bool logits, run_a
         if (!strcmp(o, "--prompt")) a->prompt = v;
         else if (!strcmp(o, "--tokens")) a->tokens = v;
         else if (!strcmp(o, "--out") && logits) a->out = v;
+        else if (!strcmp(o, "--backend")) {
+            if (!strcmp(v, "cpu")) a->backend = KEEL_BACKEND_CPU;
+            else if (!strcmp(v, "cuda")) a->backend = KEEL_BACKEND_CUDA;
+            else return keel_cli_fail(cmd, "--backend '%s': expected cpu or cuda", v);
+        }
         else if (!strcmp(o, "--threads")) {
             if (!parse_int(v, 1, 4096, &n)) return keel_cli_fail(cmd, "--threads '%s': expected 1..4096", v);
             a->threads = (int)n;
@@ -122,6 +135,13 @@ static int parse_args(const char *cmd, int argc, char **argv, bool logits, run_a
     if (logits && !a->out) return keel_cli_fail(cmd, "--out FILE.safetensors is required");
     if (a->greedy && sampling_set) return keel_cli_fail(cmd, "--greedy cannot be combined with --temp/--top-p/--top-k/--min-p");
     if (a->greedy) a->samp.temp = 0.0f;
+#ifdef KEEL_HAVE_CUDA
+    if (a->backend < 0) a->backend = keel_cuda_device_count() > 0 ? KEEL_BACKEND_CUDA : KEEL_BACKEND_CPU;
+#else
+    if (a->backend == KEEL_BACKEND_CUDA)
+        return keel_cli_fail(cmd, "--backend cuda: this keel was built without CUDA (no nvcc at build time)");
+    a->backend = KEEL_BACKEND_CPU;
+#endif
     return 0;
 }
 
@@ -271,6 +291,9 @@ int keel_cli_run(int argc, char **argv) {
     keel_tokenizer *t = NULL;
     int *ids = NULL, n = 0;
     keel_engine e = {0};
+#ifdef KEEL_HAVE_CUDA
+    keel_cuda_engine *ce = NULL;
+#endif
     stream st = {.ids = a.ids, .tty = isatty(fileno(stdout)) != 0};
     if (!a.ids || a.prompt) {
         rc = load_tokenizer(cmd, &m, a.prompt ? "--prompt" : "printing text (without --ids)", &t);
@@ -287,7 +310,13 @@ int keel_cli_run(int argc, char **argv) {
         rc = keel_cli_fail(cmd, "the prompt has %d tokens, longer than the context of %d tokens (--ctx)", n, ctx);
         goto done;
     }
-    if (keel_engine_init(&e, &m, ctx, &err) != KEEL_OK) {
+#ifdef KEEL_HAVE_CUDA
+    if (a.backend == KEEL_BACKEND_CUDA && keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK) {
+        rc = keel_cli_fail(cmd, "%s", err.msg);
+        goto done;
+    }
+#endif
+    if (a.backend == KEEL_BACKEND_CPU && keel_engine_init(&e, &m, ctx, &err) != KEEL_OK) {
         rc = keel_cli_fail(cmd, "%s", err.msg);
         goto done;
     }
@@ -295,7 +324,12 @@ int keel_cli_run(int argc, char **argv) {
     static const int no_eos[1] = {-1};
     keel_gen_opts o = {.n_predict = a.n_predict, .samp = a.samp, .eos = a.ignore_eos ? no_eos : NULL, .n_eos = 0};
     keel_gen_result res;
+#ifdef KEEL_HAVE_CUDA
+    keel_code gc = ce ? keel_cuda_generate(ce, ids, n, &o, on_token, &st, &res, &err)
+                      : keel_generate(&e, ids, n, &o, on_token, &st, &res, &err);
+#else
     keel_code gc = keel_generate(&e, ids, n, &o, on_token, &st, &res, &err);
+#endif
     if (!a.ids && t) {
         char tail[16];
         size_t w = keel_detok_flush(&st.d, tail, sizeof tail);
@@ -316,10 +350,13 @@ int keel_cli_run(int argc, char **argv) {
             res.gen_s > 0 ? res.n_gen / res.gen_s : 0.0);
     if (res.stop == KEEL_STOP_CONTEXT)
         fprintf(stderr, "stopped: the context limit of %d tokens was reached (raise it with --ctx, at most %d)\n",
-                e.max_ctx, m.cfg.max_ctx);
+                ctx, m.cfg.max_ctx);
     else
         fprintf(stderr, "stopped: %s\n", stop_text(res.stop));
 done:
+#ifdef KEEL_HAVE_CUDA
+    keel_cuda_engine_free(ce);
+#endif
     keel_engine_free(&e);
     free(ids);
     keel_tokenizer_free(t);
@@ -343,6 +380,9 @@ int keel_cli_logits(int argc, char **argv) {
     int *ids = NULL, n = 0;
     float *lg = NULL, *hd = NULL, *ml = NULL, *mh = NULL;
     keel_engine e = {0};
+#ifdef KEEL_HAVE_CUDA
+    keel_cuda_engine *ce = NULL;
+#endif
     keel_st_writer w;
     keel_st_writer_init(&w);
     if (a.mtp && !m.has_mtp) {
@@ -359,7 +399,13 @@ int keel_cli_logits(int argc, char **argv) {
         rc = keel_cli_fail(cmd, "the prompt has %d tokens, longer than the context of %d tokens (--ctx)", n, a.ctx);
         goto done;
     }
-    if (keel_engine_init(&e, &m, n, &err) != KEEL_OK) {
+#ifdef KEEL_HAVE_CUDA
+    if (a.backend == KEEL_BACKEND_CUDA && keel_cuda_engine_init(&ce, &m, n, &err) != KEEL_OK) {
+        rc = keel_cli_fail(cmd, "%s", err.msg);
+        goto done;
+    }
+#endif
+    if (a.backend == KEEL_BACKEND_CPU && keel_engine_init(&e, &m, n, &err) != KEEL_OK) {
         rc = keel_cli_fail(cmd, "%s", err.msg);
         goto done;
     }
@@ -375,8 +421,22 @@ int keel_cli_logits(int argc, char **argv) {
         goto done;
     }
     double t0 = keel_now();
-    if (keel_engine_forward(&e, ids, n, lg, KEEL_LOGITS_ALL, hd, &err) != KEEL_OK ||
-        (a.mtp && keel_engine_mtp(&e, hd, ids + 1, n - 1, ml, mh, &err) != KEEL_OK)) {
+    keel_code fc;
+#ifdef KEEL_HAVE_CUDA
+    if (ce)
+        fc = keel_cuda_engine_forward(ce, ids, n, lg, KEEL_LOGITS_ALL, hd, &err);
+    else
+#endif
+        fc = keel_engine_forward(&e, ids, n, lg, KEEL_LOGITS_ALL, hd, &err);
+    if (fc == KEEL_OK && a.mtp) {
+#ifdef KEEL_HAVE_CUDA
+        if (ce)
+            fc = keel_cuda_engine_mtp(ce, hd, ids + 1, n - 1, ml, mh, &err);
+        else
+#endif
+            fc = keel_engine_mtp(&e, hd, ids + 1, n - 1, ml, mh, &err);
+    }
+    if (fc != KEEL_OK) {
         rc = keel_cli_fail(cmd, "%s", err.msg);
         goto done;
     }
@@ -392,7 +452,8 @@ int keel_cli_logits(int argc, char **argv) {
         rc = keel_cli_fail(cmd, "%s", err.msg);
         goto done;
     }
-    keel_st_writer_meta(&w, "made_by", "keel logits (CPU engine, float32)");
+    keel_st_writer_meta(&w, "made_by", a.backend == KEEL_BACKEND_CUDA ? "keel logits (CUDA engine, bf16 activations)"
+                                                                      : "keel logits (CPU engine, float32)");
     if (keel_st_writer_write(&w, a.out, &err) != KEEL_OK) {
         rc = keel_cli_fail(cmd, "%s", err.msg);
         goto done;
@@ -401,6 +462,9 @@ int keel_cli_logits(int argc, char **argv) {
             a.mtp ? " with the MTP head" : "", a.out);
 done:
     keel_st_writer_free(&w);
+#ifdef KEEL_HAVE_CUDA
+    keel_cuda_engine_free(ce);
+#endif
     keel_engine_free(&e);
     free(lg);
     free(hd);

@@ -138,6 +138,53 @@ typedef struct keel_gen_result {
 keel_code keel_generate(keel_engine *e, const int *prompt, int n_prompt, const keel_gen_opts *o, keel_token_fn fn,
                         void *user, keel_gen_result *res, keel_err *err);
 
+/* ---- the CUDA engine (src/engine/cuda, docs/cuda-engine.md) --------------------------------------------- */
+
+/* Which engine runs a command. */
+typedef enum keel_backend {
+    KEEL_BACKEND_CPU = 0,
+    KEEL_BACKEND_CUDA = 1,
+} keel_backend;
+
+/* `keel bench decode MODEL_DIR [--prompt-tokens P] [--tokens N] [--backend cpu|cuda]`; returns the exit status. */
+int keel_engine_bench_decode(int argc, char **argv);
+
+#ifdef KEEL_HAVE_CUDA
+/* The whole forward on the GPU: weights uploaded once (packed as stored) into one device allocation, activations
+ * into the stream tiles in bf16, residual stream, Mamba state and the KV cache in fp32. Opaque. */
+typedef struct keel_cuda_engine keel_cuda_engine;
+
+/* Kernel families that `keel bench decode` times with CUDA events. */
+typedef enum keel_cuda_family {
+    KEEL_CUF_EMBED = 0, KEEL_CUF_NORM, KEEL_CUF_PROJ, KEEL_CUF_MAMBA, KEEL_CUF_ATTN, KEEL_CUF_ROUTER, KEEL_CUF_EXPERTS,
+    KEEL_CUF_LM_HEAD, KEEL_CUF_SAMPLE, KEEL_CUF_N
+} keel_cuda_family;
+const char *keel_cuda_family_name(keel_cuda_family f);
+
+/* Uploads the model and allocates state for max_ctx tokens. No device, a checkpoint or context that does not fit
+ * in free device memory, or a shape the kernels do not take is an error with the numbers, never a crash. */
+keel_code keel_cuda_engine_init(keel_cuda_engine **e, const keel_model *m, int max_ctx, keel_err *err);
+void keel_cuda_engine_free(keel_cuda_engine *e); /* accepts NULL */
+void keel_cuda_engine_reset(keel_cuda_engine *e);
+int keel_cuda_engine_pos(const keel_cuda_engine *e);
+int keel_cuda_engine_max_ctx(const keel_cuda_engine *e);
+size_t keel_cuda_engine_weight_bytes(const keel_cuda_engine *e);
+/* As keel_engine_forward, on the GPU; n tokens go through in windows of up to `window` rows (1..8; 0: 8). */
+keel_code keel_cuda_engine_forward(keel_cuda_engine *e, const int *tokens, int n, float *logits,
+                                   keel_logits_mode mode, float *hidden, keel_err *err);
+void keel_cuda_engine_set_window(keel_cuda_engine *e, int rows);
+/* As keel_engine_mtp, on the GPU. */
+keel_code keel_cuda_engine_mtp(keel_cuda_engine *e, const float *h, const int *next, int n, float *logits,
+                               float *out_hidden, keel_err *err);
+/* As keel_generate, on the GPU: greedy picks on the device; a seeded draw uses keel_sampler_sample on the logits. */
+keel_code keel_cuda_generate(keel_cuda_engine *e, const int *prompt, int n_prompt, const keel_gen_opts *o,
+                             keel_token_fn fn, void *user, keel_gen_result *res, keel_err *err);
+/* Per-family timing with CUDA events: on/off, then the milliseconds and launches accumulated since enabling. */
+void keel_cuda_engine_profile(keel_cuda_engine *e, bool on);
+void keel_cuda_engine_profile_get(const keel_cuda_engine *e, double ms[KEEL_CUF_N],
+                                  long launches[KEEL_CUF_N]);
+#endif
+
 /* ---- internals shared by the engine's files ------------------------------------------------------------ */
 
 /* y (m, n) = rmsnorm of each row of x (m, n) times w; y may equal x. */

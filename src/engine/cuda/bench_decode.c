@@ -1,0 +1,154 @@
+/* engine/cuda: `keel bench decode`: prompt tokens/s, decode tokens/s at batch 1 (greedy) and, on the CUDA engine,
+ * the time per decoded token by kernel family from CUDA events (a second, profiled pass). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../engine.h"
+#ifdef KEEL_HAVE_CUDA
+#include "../../kernels/cuda/cuda.h"
+#endif
+
+static const char *const USAGE =
+    "usage: keel bench decode MODEL_DIR [--prompt-tokens P] [--tokens N] [--backend cpu|cuda]\n"
+    "  runs a P-token prompt (default 512) then N greedy decode steps (default 128) and reports prompt and decode\n"
+    "  tokens/s; on cuda also the time per token by kernel family (CUDA events, a second pass).\n";
+
+static int fail(const char *fmt, const char *a, const char *b) {
+    fprintf(stderr, "keel bench decode: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n");
+    return 1;
+}
+
+static bool parse_count(const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || end == s || *end || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+#ifdef KEEL_HAVE_CUDA
+/* At the first generated token, restarts the family counters so they cover decode steps only. */
+static int first_token_resets(void *user, int tok, int64_t pos) {
+    (void)tok, (void)pos;
+    bool *seen = ((void **)user)[1];
+    if (!*seen) keel_cuda_engine_profile(((void **)user)[0], true);
+    *seen = true;
+    return 0;
+}
+#endif
+
+int keel_engine_bench_decode(int argc, char **argv) {
+    const char *dir = NULL;
+    int P = 512, N = 128, backend = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            fputs(USAGE, stdout);
+            return 0;
+        }
+        if (o[0] != '-' && !dir) {
+            dir = o;
+            continue;
+        }
+        if (!strcmp(o, "--prompt-tokens")) {
+            if (!parse_count(v, 1, 1 << 20, &P)) return fail("--prompt-tokens '%s': expected 1..1048576%s", v ? v : "", "");
+        } else if (!strcmp(o, "--tokens")) {
+            if (!parse_count(v, 2, 1 << 20, &N)) return fail("--tokens '%s': expected 2..1048576%s", v ? v : "", "");
+        } else if (!strcmp(o, "--backend")) {
+            if (v && !strcmp(v, "cpu")) backend = KEEL_BACKEND_CPU;
+            else if (v && !strcmp(v, "cuda")) backend = KEEL_BACKEND_CUDA;
+            else return fail("--backend '%s': expected cpu or cuda%s", v ? v : "", "");
+        } else {
+            return fail("unknown option '%s'%s", o, "");
+        }
+        i++;
+    }
+    if (!dir) return fail("no MODEL_DIR given%s%s", "", "");
+#ifdef KEEL_HAVE_CUDA
+    if (backend < 0) backend = keel_cuda_device_count() > 0 ? KEEL_BACKEND_CUDA : KEEL_BACKEND_CPU;
+#else
+    if (backend == KEEL_BACKEND_CUDA) return fail("--backend cuda: this keel was built without CUDA%s%s", "", "");
+    backend = KEEL_BACKEND_CPU;
+#endif
+    keel_model m;
+    keel_err err = {0};
+    if (keel_model_load(&m, dir, "", &err) != KEEL_OK) {
+        keel_model_free(&m);
+        return fail("%s%s", err.msg, "");
+    }
+    const int ctx = P + N + 1;
+    int *prompt = keel_xmalloc((size_t)P * sizeof(int));
+    uint64_t z = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < P; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        prompt[i] = (int)((z >> 33) % (uint64_t)m.cfg.vocab);
+    }
+    static const int no_eos[1] = {-1};
+    keel_gen_opts o = {.n_predict = N, .samp = {.temp = 0.0f}, .eos = no_eos, .n_eos = 0};
+    keel_gen_result res;
+    int rc = 0;
+    char dev[128] = "cpu";
+    if (backend == KEEL_BACKEND_CPU) {
+        keel_engine e;
+        if (keel_engine_init(&e, &m, ctx, &err) != KEEL_OK || keel_generate(&e, prompt, P, &o, NULL, NULL, &res, &err)) {
+            rc = fail("%s%s", err.msg, "");
+        }
+        keel_engine_free(&e);
+    }
+#ifdef KEEL_HAVE_CUDA
+    keel_cuda_engine *ce = NULL;
+    double ms[KEEL_CUF_N] = {0};
+    long launches[KEEL_CUF_N] = {0};
+    int prof_steps = 0;
+    if (backend == KEEL_BACKEND_CUDA) {
+        keel_cuda_device_name(dev, sizeof dev);
+        if (keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK ||
+            keel_cuda_generate(ce, prompt, KEEL_MIN(P, 8), &o, NULL, NULL, &res, &err) != KEEL_OK || /* warm-up */
+            keel_cuda_generate(ce, prompt, P, &o, NULL, NULL, &res, &err) != KEEL_OK) {
+            rc = fail("%s%s", err.msg, "");
+        } else {
+            bool seen = false;
+            void *u[2] = {ce, &seen};
+            keel_gen_result pr;
+            keel_cuda_engine_profile(ce, true);
+            if (keel_cuda_generate(ce, prompt, P, &o, first_token_resets, u, &pr, &err) != KEEL_OK)
+                rc = fail("%s%s", err.msg, "");
+            keel_cuda_engine_profile_get(ce, ms, launches);
+            keel_cuda_engine_profile(ce, false);
+            prof_steps = pr.n_gen - 1;
+        }
+    }
+#endif
+    if (!rc) {
+        printf("keel bench decode: %s, backend %s (%s)\n", dir, backend == KEEL_BACKEND_CUDA ? "cuda" : "cpu", dev);
+        printf("prompt: %d tokens in %.3f s: %.1f tokens/s\n", res.n_prompt, res.prompt_s,
+               res.prompt_s > 0 ? res.n_prompt / res.prompt_s : 0.0);
+        printf("decode: %d tokens in %.3f s: %.2f tokens/s at batch 1 (%.3f ms/token)\n", res.n_gen, res.gen_s,
+               res.gen_s > 0 ? res.n_gen / res.gen_s : 0.0, res.n_gen ? 1e3 * res.gen_s / res.n_gen : 0.0);
+#ifdef KEEL_HAVE_CUDA
+        if (backend == KEEL_BACKEND_CUDA && prof_steps > 0) {
+            double tot = 0;
+            for (int f = 0; f < KEEL_CUF_N; f++) tot += ms[f];
+            printf("time per decoded token by kernel family (CUDA events, %d steps; events add some overhead):\n",
+                   prof_steps);
+            printf("  %-28s %10s %9s %7s\n", "family", "ms/token", "spans", "share");
+            for (int f = 0; f < KEEL_CUF_N; f++)
+                printf("  %-28s %10.4f %9.1f %6.1f%%\n", keel_cuda_family_name((keel_cuda_family)f), ms[f] / prof_steps,
+                       (double)launches[f] / prof_steps, tot > 0 ? 100.0 * ms[f] / tot : 0.0);
+            printf("  %-28s %10.4f\n", "sum of families", tot / prof_steps);
+        }
+        keel_cuda_engine_free(ce);
+#endif
+    }
+#ifdef KEEL_HAVE_CUDA
+    else keel_cuda_engine_free(ce);
+#endif
+    free(prompt);
+    keel_model_free(&m);
+    return rc;
+}

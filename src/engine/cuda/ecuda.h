@@ -1,0 +1,75 @@
+/* engine/cuda: launchers of the GPU engine's own kernels (everything but the stream tiles) and the runtime calls
+ * the host engine needs without aborting (allocation, memory info, events). Plain C; device pointers; `st` is a
+ * cudaStream_t (NULL: the default stream). Every kernel computes each row of a window with the same arithmetic
+ * whatever the window's row count, so a row launched alone gives the same bits. */
+#ifndef KEEL_ENGINE_CUDA_ECUDA_H
+#define KEEL_ENGINE_CUDA_ECUDA_H
+
+#include "../../kernels/cuda/cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A float vector on the device (norm weights, biases, A_log, ...); n == 0 means absent. */
+typedef struct keel_ecu_vec {
+    const void *p;
+    keel_dtype dt; /* BF16, F16 or F32 */
+    int n;
+} keel_ecu_vec;
+
+/* ---- runtime: failures return false with a reason instead of aborting ---- */
+bool keel_ecu_malloc(void **p, size_t bytes, char *why, size_t cap);
+bool keel_ecu_mem_info(size_t *free_b, size_t *total_b);
+void keel_ecu_free(void *p);
+void keel_ecu_upload(void *dst, const void *src, size_t bytes, void *st);
+void keel_ecu_download(void *dst, const void *src, size_t bytes, void *st);
+void keel_ecu_sync(void *st);
+void *keel_ecu_event_new(void);
+void keel_ecu_event_free(void *ev);
+void keel_ecu_event_record(void *ev, void *st);
+float keel_ecu_event_ms(void *a, void *b); /* elapsed between two recorded events (synchronizes on b) */
+
+/* ---- kernels ---- */
+/* x (m, hidden) = rows tok[0..m) of the embedding table (quantized: scale*q + bias; or float, bits == 0). */
+void keel_ecu_embed(const keel_cuda_qw *t, const int *tok, int m, float *x, void *st);
+/* Row-wise RMSNorm of x (m, n; row stride ldx) times w into yf (fp32, stride ldy) and/or yb (bf16, stride ldy). */
+void keel_ecu_rmsnorm(const float *x, int ldx, const keel_ecu_vec *w, int m, int n, float eps, float *yf,
+                      uint16_t *yb, int ldy, void *st);
+/* x += (a [+ b] [+ bias]) row by row, then, with w, the RMSNorm of the new x into yf / yb (stride n). */
+void keel_ecu_add_rmsnorm(float *x, const float *a, const float *b, const keel_ecu_vec *bias, const keel_ecu_vec *w,
+                          int m, int n, float eps, float *yf, uint16_t *yb, void *st);
+/* y (m, n; stride ld) += bias. */
+void keel_ecu_add_bias(float *y, int m, int n, int ld, const keel_ecu_vec *b, void *st);
+/* y (m, n) = epi(x (m, k) . dequant(W)^T) in fp32 arithmetic (router, float matrices): per group
+ * scale*sum(x*q) + bias*sum(x). x F32 or BF16, y F32 or BF16. */
+void keel_ecu_matvec(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y, keel_dtype ydt,
+                     keel_epilogue epi, void *st);
+/* Mamba causal conv + SiLU of m consecutive tokens: input columns [off, off+C) of proj (m, ld), window win
+ * (K-1, C) oldest first (updated), weights cw (C, K), bias cb; out (m, C). */
+void keel_ecu_conv(const float *proj, int ld, int off, float *win, const keel_ecu_vec *cw, const keel_ecu_vec *cb,
+                   int K, int C, int m, float *out, void *st);
+/* Mamba SSM recurrence of m consecutive tokens: xbc (m, CD) = x | B | C, dt raw at proj (m, ld) column dt_off,
+ * state (NH, P, N) updated; y (m, NH*P) = state.C + D x. */
+void keel_ecu_ssm(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state,
+                  const keel_ecu_vec *dt_bias, const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH, int P,
+                  int N, int G, int m, float *y, void *st);
+/* Gated grouped RMSNorm: out (m, DI) bf16 = groupnorm(y * silu(z)) * w, z = proj (m, ld) columns [0, DI). */
+void keel_ecu_gate_norm(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI, float eps,
+                        int m, uint16_t *out, void *st);
+/* Causal GQA without RoPE for rows at positions pos..pos+m-1 over caches kc, vc (ctx, kvd) already holding them;
+ * q (m, nh*hd) fp32; scores scratch (m, nh, ctx); o (m, nh*hd) bf16. */
+void keel_ecu_attention(const float *q, const float *kc, const float *vc, int kvd, int pos, int m, int nh, int nkv,
+                        int hd, float *scores, int ctx, uint16_t *o, void *st);
+/* The router of each of m rows from its logits (m, E): items (m*K) {expert, mask 1} in slot order and weights
+ * (m*K*8) [item][row 0] for one-row routed launches; sel (m*K) the experts. */
+void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group, int topk_group,
+                    bool norm_topk, float scaling, int m, keel_cuda_route *items, float *weights, int *sel, void *st);
+/* out = index of the largest of v (n), ties to the lower index, NaN never wins. */
+void keel_ecu_argmax(const float *v, int n, int *out, void *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,684 @@
+/* engine/cuda: the Nemotron-H forward on the GPU, prompt and decode, the MTP head and generation.
+ *
+ * Weights: every safetensors shard (model and MTP head) is uploaded once, packed as stored, into one device
+ * allocation; a host pointer into a mapping becomes base + its offset. State and scratch: a second allocation.
+ * Tokens go through in windows of up to 8 rows (the stream tiles' rows); every kernel gives a row the same bits
+ * whatever window it is in, and routed experts launch one row at a time (the tiles' k-split depends on the item
+ * count), so a prompt and one-token decodes agree bit for bit. Activations into the tiles are bf16; the residual
+ * stream, the Mamba state and the KV cache (fp32: it keeps the projections as computed, and Nemotron-H's few
+ * 2-head attention layers make it small) stay fp32. */
+#ifdef KEEL_HAVE_CUDA
+#include <math.h>
+#include <stdlib.h>
+
+#include "../engine.h"
+#include "ecuda.h"
+
+#define WIN KEEL_CUDA_STREAM_MAX_ROWS
+#define PROF_PAIRS 4096
+#define MARGIN_BYTES ((size_t)512 << 20) /* CUDA context, stream-tile partials, allocator slack */
+
+typedef struct dmamba {
+    keel_cuda_qw in_proj, out_proj;
+    keel_ecu_vec in_bias, conv_w, conv_b, dt_bias, A_log, D, norm, out_bias;
+} dmamba;
+
+typedef struct dattn {
+    keel_cuda_qw q, k, v, o;
+    keel_ecu_vec qb, kb, vb, ob;
+} dattn;
+
+typedef struct dmlp {
+    keel_cuda_qw up, down;
+} dmlp;
+
+typedef struct dmoe {
+    keel_cuda_qw gate, fc1, fc2;
+    keel_ecu_vec corr;
+    dmlp shared;
+} dmoe;
+
+typedef struct dlayer {
+    keel_mixer kind;
+    keel_ecu_vec norm;
+    dmamba mamba;
+    dattn attn;
+    dmlp mlp;
+    dmoe moe;
+} dlayer;
+
+typedef struct region {
+    const uint8_t *host;
+    size_t size;
+    uint8_t *dev;
+} region;
+
+struct keel_cuda_engine {
+    const keel_model *model;
+    const keel_config *cfg;
+    int max_ctx, pos, mtp_pos, window;
+    int n_mamba, n_attn, *slot;
+    region reg[64];
+    int n_reg;
+    void *weights, *arena;
+    size_t weight_bytes, arena_bytes;
+    keel_cuda_qw embed, lm_head;
+    keel_ecu_vec norm_f;
+    dlayer *layers;
+    struct {
+        keel_ecu_vec enorm, hnorm, norm0, norm1, final_norm;
+        keel_cuda_qw eh_proj;
+        dattn attn;
+        dmoe moe;
+    } mtp;
+    /* device state and scratch */
+    float *conv, *ssm, *kc, *vc, *mtp_k, *mtp_v;
+    int *tok, *arg, *sel;
+    float *x, *xnf, *mix, *mix2, *proj, *xbc, *ymid, *router, *rweights, *scores, *logits, *hin, *catf;
+    uint16_t *xnb, *midb, *hexp, *catb;
+    keel_cuda_route *items;
+    int wide, midw;
+    /* profiling */
+    bool prof;
+    void *ev[2 * PROF_PAIRS];
+    int ev_fam[PROF_PAIRS], n_ev;
+    double fam_ms[KEEL_CUF_N];
+    long fam_n[KEEL_CUF_N];
+};
+
+const char *keel_cuda_family_name(keel_cuda_family f) {
+    static const char *const names[KEEL_CUF_N] = {"embed", "norm+residual", "projections (stream tiles)",
+                                                  "mamba conv+scan", "attention", "router", "routed experts",
+                                                  "lm_head", "sampling"};
+    return f >= 0 && f < KEEL_CUF_N ? names[f] : "?";
+}
+
+/* ---- profiling ---- */
+
+static void prof_flush(keel_cuda_engine *e) {
+    for (int i = 0; i < e->n_ev; i++) {
+        e->fam_ms[e->ev_fam[i]] += keel_ecu_event_ms(e->ev[2 * i], e->ev[2 * i + 1]);
+        e->fam_n[e->ev_fam[i]]++;
+    }
+    e->n_ev = 0;
+}
+
+static void fam_begin(keel_cuda_engine *e, int fam) {
+    if (!e->prof) return;
+    if (e->n_ev == PROF_PAIRS) prof_flush(e);
+    e->ev_fam[e->n_ev] = fam;
+    keel_ecu_event_record(e->ev[2 * e->n_ev], NULL);
+}
+
+static void fam_end(keel_cuda_engine *e) {
+    if (!e->prof) return;
+    keel_ecu_event_record(e->ev[2 * e->n_ev + 1], NULL);
+    e->n_ev++;
+}
+
+void keel_cuda_engine_profile(keel_cuda_engine *e, bool on) {
+    if (on && !e->ev[0])
+        for (int i = 0; i < 2 * PROF_PAIRS; i++) e->ev[i] = keel_ecu_event_new();
+    if (e->prof) prof_flush(e);
+    e->prof = on;
+    memset(e->fam_ms, 0, sizeof e->fam_ms);
+    memset(e->fam_n, 0, sizeof e->fam_n);
+}
+
+void keel_cuda_engine_profile_get(const keel_cuda_engine *e, double ms[KEEL_CUF_N], long launches[KEEL_CUF_N]) {
+    if (e->prof) prof_flush((keel_cuda_engine *)e);
+    for (int i = 0; i < KEEL_CUF_N; i++) {
+        ms[i] = e->fam_ms[i];
+        launches[i] = e->fam_n[i];
+    }
+}
+
+/* ---- binding weights to the device ---- */
+
+static const void *tr(const keel_cuda_engine *e, const void *host) {
+    if (!host) return NULL;
+    const uint8_t *h = host;
+    for (int i = 0; i < e->n_reg; i++)
+        if (h >= e->reg[i].host && h < e->reg[i].host + e->reg[i].size) return e->reg[i].dev + (h - e->reg[i].host);
+    KEEL_ASSERTF(0, "a weight pointer outside every mapped shard");
+    return NULL;
+}
+
+static keel_ecu_vec dvec(const keel_cuda_engine *e, const keel_vec *v) {
+    keel_ecu_vec d = {v->n ? tr(e, v->data) : NULL, v->dt, v->n};
+    return d;
+}
+
+static keel_cuda_qw dmat(const keel_cuda_engine *e, const keel_qmat *m) {
+    keel_cuda_qw q = {tr(e, m->w), tr(e, m->scales), tr(e, m->biases), m->n, m->k, m->bits, m->group, m->sdt, 0, 0};
+    return q;
+}
+
+static keel_cuda_qw dstack(const keel_cuda_engine *e, const keel_qstack *s) {
+    keel_cuda_qw q = dmat(e, &s->m);
+    q.expert_words = (int64_t)(s->w_stride / sizeof(uint32_t));
+    q.expert_groups = (int64_t)(s->s_stride / keel_dtype_size(s->m.sdt));
+    return q;
+}
+
+static void bind_attn(const keel_cuda_engine *e, const keel_attn_w *w, dattn *d) {
+    d->q = dmat(e, &w->q), d->k = dmat(e, &w->k), d->v = dmat(e, &w->v), d->o = dmat(e, &w->o);
+    d->qb = dvec(e, &w->q_bias), d->kb = dvec(e, &w->k_bias), d->vb = dvec(e, &w->v_bias), d->ob = dvec(e, &w->o_bias);
+}
+
+static void bind_moe(const keel_cuda_engine *e, const keel_moe_w *w, dmoe *d) {
+    d->gate = dmat(e, &w->gate);
+    d->corr = dvec(e, &w->corr_bias);
+    d->fc1 = dstack(e, &w->fc1);
+    d->fc2 = dstack(e, &w->fc2);
+    d->shared.up = dmat(e, &w->shared.up);
+    d->shared.down = dmat(e, &w->shared.down);
+}
+
+static keel_code add_regions(keel_cuda_engine *e, const keel_st *st, keel_err *err) {
+    for (int i = 0; i < st->n_shards; i++) {
+        if (!st->shards[i].map || !st->shards[i].size) continue;
+        if (e->n_reg == (int)(sizeof e->reg / sizeof e->reg[0]))
+            return keel_err_set(err, KEEL_E_UNSUPPORTED, "model %s: more than %d shards", e->model->dir, e->n_reg);
+        e->reg[e->n_reg++] = (region){st->shards[i].map, st->shards[i].size, NULL};
+    }
+    return KEEL_OK;
+}
+
+/* Shapes the kernels do not take are refused here, by name. */
+static keel_code check_shapes(const keel_model *m, keel_err *err) {
+    const keel_config *g = &m->cfg;
+    const bool moe = strchr(g->pattern, KEEL_MIXER_MOE) != NULL || m->has_mtp;
+    if (g->hidden % 2)
+        return keel_err_set(err, KEEL_E_UNSUPPORTED, "model %s: hidden_size %d: the CUDA engine needs it even", m->dir,
+                            g->hidden);
+    if (strchr(g->pattern, KEEL_MIXER_MAMBA) &&
+        (g->conv_kernel < 1 || g->conv_kernel > 8 || g->ssm_state > 256 || g->n_groups < 1 ||
+         g->mamba_heads % g->n_groups || g->d_inner % 2))
+        return keel_err_set(err, KEEL_E_UNSUPPORTED,
+                            "model %s: Mamba conv_kernel %d, ssm_state %d, %d heads in %d groups: the CUDA engine takes "
+                            "conv_kernel 1..8, ssm_state up to 256 and heads divisible by groups", m->dir,
+                            g->conv_kernel, g->ssm_state, g->mamba_heads, g->n_groups);
+    if ((strchr(g->pattern, KEEL_MIXER_ATTN) || m->has_mtp) &&
+        (g->head_dim > 256 || g->n_kv_head < 1 || g->n_head % g->n_kv_head || (g->n_head * g->head_dim) % 2))
+        return keel_err_set(err, KEEL_E_UNSUPPORTED,
+                            "model %s: attention head_dim %d with %d query / %d KV heads: the CUDA engine takes head_dim "
+                            "up to 256 and query heads a multiple of KV heads", m->dir, g->head_dim, g->n_head,
+                            g->n_kv_head);
+    if (moe && (g->n_experts < 1 || g->n_experts > 1024 || g->top_k < 1 || g->top_k > 64 || g->top_k > g->n_experts ||
+                g->n_group > 64 || (g->n_group > 1 && g->n_experts % g->n_group)))
+        return keel_err_set(err, KEEL_E_UNSUPPORTED,
+                            "model %s: %d experts top %d in %d groups: the CUDA engine takes 1..1024 experts, top_k "
+                            "1..64 and up to 64 groups", m->dir, g->n_experts, g->top_k, g->n_group);
+    for (int l = 0; l < g->n_layer; l++) {
+        const keel_layer *L = &m->layers[l];
+        if (L->kind == KEEL_MIXER_MOE && (L->moe.fc1.m.bits == 0 || L->moe.fc2.m.bits == 0))
+            return keel_err_set(err, KEEL_E_UNSUPPORTED,
+                                "model %s: layer %d's routed experts are float: the CUDA engine's routed tiles read "
+                                "quantized experts", m->dir, l);
+    }
+    if (m->has_mtp && (m->mtp.moe.fc1.m.bits == 0 || m->mtp.moe.fc2.m.bits == 0))
+        return keel_err_set(err, KEEL_E_UNSUPPORTED, "model %s: the MTP head's routed experts are float", m->dir);
+    return KEEL_OK;
+}
+
+/* ---- state and scratch ---- */
+
+typedef struct carve {
+    uint8_t *base;
+    size_t off;
+} carve;
+
+static void *take(carve *c, size_t bytes) {
+    c->off = (c->off + 255u) & ~(size_t)255u;
+    void *p = c->base ? c->base + c->off : NULL;
+    c->off += bytes;
+    return p;
+}
+
+static void layout(keel_cuda_engine *e, carve *c) {
+    const keel_config *g = e->cfg;
+    const size_t H = (size_t)g->hidden, fl = sizeof(float), bf = sizeof(uint16_t), ctx = (size_t)e->max_ctx;
+    const size_t kvd = (size_t)g->n_kv_head * (size_t)g->head_dim, K = (size_t)KEEL_MAX(g->top_k, 1);
+    const size_t E = (size_t)KEEL_MAX(g->n_experts, 1);
+    e->conv = take(c, (size_t)e->n_mamba * (size_t)KEEL_MAX(g->conv_kernel - 1, 0) * (size_t)g->conv_dim * fl);
+    e->ssm = take(c, (size_t)e->n_mamba * (size_t)g->mamba_heads * (size_t)g->mamba_head_dim * (size_t)g->ssm_state * fl);
+    e->kc = take(c, (size_t)e->n_attn * ctx * kvd * fl);
+    e->vc = take(c, (size_t)e->n_attn * ctx * kvd * fl);
+    e->mtp_k = e->model->has_mtp ? take(c, ctx * kvd * fl) : NULL;
+    e->mtp_v = e->model->has_mtp ? take(c, ctx * kvd * fl) : NULL;
+    e->tok = take(c, WIN * sizeof(int));
+    e->arg = take(c, sizeof(int));
+    e->sel = take(c, WIN * K * sizeof(int));
+    e->x = take(c, WIN * H * fl);
+    e->xnf = take(c, WIN * H * fl);
+    e->xnb = take(c, WIN * H * bf);
+    e->mix = take(c, WIN * H * fl);
+    e->mix2 = take(c, WIN * H * fl);
+    e->hin = take(c, WIN * H * fl);
+    e->catf = take(c, WIN * 2 * H * fl);
+    e->catb = take(c, WIN * 2 * H * bf);
+    e->proj = take(c, WIN * (size_t)e->wide * fl);
+    e->xbc = take(c, WIN * (size_t)KEEL_MAX(g->conv_dim, 1) * fl);
+    e->ymid = take(c, WIN * (size_t)KEEL_MAX(g->d_inner, 1) * fl);
+    e->midb = take(c, WIN * (size_t)e->midw * bf);
+    e->hexp = take(c, K * (size_t)KEEL_MAX(g->moe_inter, 1) * bf);
+    e->router = take(c, WIN * E * fl);
+    e->items = take(c, WIN * K * sizeof(keel_cuda_route));
+    e->rweights = take(c, WIN * K * 8 * fl);
+    e->scores = take(c, WIN * (size_t)KEEL_MAX(g->n_head, 1) * ctx * fl);
+    e->logits = take(c, WIN * (size_t)g->vocab * fl);
+}
+
+static double gib(size_t b) { return (double)b / (double)(1ull << 30); }
+
+keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int max_ctx, keel_err *err) {
+    KEEL_ASSERT(out && m);
+    *out = NULL;
+    const keel_config *g = &m->cfg;
+    if (max_ctx < 1) return keel_err_set(err, KEEL_E_ARG, "context size %d: expected at least 1", max_ctx);
+    if (max_ctx > g->max_ctx)
+        return keel_err_set(err, KEEL_E_RANGE, "context of %d tokens exceeds model %s's max_position_embeddings of %d",
+                            max_ctx, m->dir, g->max_ctx);
+    if (keel_cuda_device_count() < 1)
+        return keel_err_set(err, KEEL_E_DEVICE, "the CUDA engine found no usable CUDA device (use --backend cpu)");
+    keel_code rc = check_shapes(m, err);
+    if (rc) return rc;
+    keel_cuda_engine *e = keel_xcalloc(1, sizeof *e);
+    e->model = m;
+    e->cfg = g;
+    e->max_ctx = max_ctx;
+    e->window = WIN;
+    e->slot = keel_xcalloc((size_t)KEEL_MAX(g->n_layer, 1), sizeof(int));
+    for (int l = 0; l < g->n_layer; l++)
+        e->slot[l] = g->pattern[l] == KEEL_MIXER_MAMBA ? e->n_mamba++ : g->pattern[l] == KEEL_MIXER_ATTN ? e->n_attn++ : -1;
+    const int qd = g->n_head * g->head_dim;
+    e->wide = KEEL_MAX(KEEL_MAX(g->in_proj_dim, qd), 1);
+    e->midw = KEEL_MAX(KEEL_MAX(KEEL_MAX(g->d_inner, qd), KEEL_MAX(g->mlp_inter, g->shared_inter)), 1);
+    if ((rc = add_regions(e, &m->st, err)) || (m->has_mtp && (rc = add_regions(e, &m->mtp_st, err)))) {
+        keel_cuda_engine_free(e);
+        return rc;
+    }
+    size_t wbytes = 0;
+    for (int i = 0; i < e->n_reg; i++) wbytes += (e->reg[i].size + 255u) & ~(size_t)255u;
+    carve c = {NULL, 0};
+    layout(e, &c);
+    size_t free_b = 0, total_b = 0;
+    if (!keel_ecu_mem_info(&free_b, &total_b)) {
+        keel_cuda_engine_free(e);
+        return keel_err_set(err, KEEL_E_DEVICE, "the CUDA engine cannot query device memory");
+    }
+    const size_t need = wbytes + c.off + MARGIN_BYTES;
+    if (need > free_b) {
+        keel_cuda_engine_free(e);
+        return keel_err_set(err, KEEL_E_NOMEM,
+                            "model %s does not fit the device: %.2f GiB of weights + %.2f GiB of state, KV cache and "
+                            "scratch for a context of %d tokens + %.2f GiB reserve, but %.2f GiB of %.2f GiB are free "
+                            "(a shorter --ctx, a smaller checkpoint or --backend cpu)",
+                            m->dir, gib(wbytes), gib(c.off), max_ctx, gib(MARGIN_BYTES), gib(free_b), gib(total_b));
+    }
+    char why[256];
+    if (!keel_ecu_malloc(&e->weights, wbytes, why, sizeof why) || !keel_ecu_malloc(&e->arena, c.off, why, sizeof why)) {
+        keel_cuda_engine_free(e);
+        return keel_err_set(err, KEEL_E_NOMEM, "model %s: device allocation of %.2f GiB failed: %s", m->dir,
+                            gib(wbytes + c.off), why);
+    }
+    e->weight_bytes = wbytes;
+    e->arena_bytes = c.off;
+    size_t off = 0;
+    for (int i = 0; i < e->n_reg; i++) {
+        e->reg[i].dev = (uint8_t *)e->weights + off;
+        keel_ecu_upload(e->reg[i].dev, e->reg[i].host, e->reg[i].size, NULL);
+        off += (e->reg[i].size + 255u) & ~(size_t)255u;
+    }
+    c.base = e->arena;
+    c.off = 0;
+    layout(e, &c);
+    e->embed = dmat(e, &m->embed);
+    e->lm_head = dmat(e, &m->lm_head);
+    e->norm_f = dvec(e, &m->norm_f);
+    e->layers = keel_xcalloc((size_t)KEEL_MAX(g->n_layer, 1), sizeof(dlayer));
+    for (int l = 0; l < g->n_layer; l++) {
+        const keel_layer *L = &m->layers[l];
+        dlayer *d = &e->layers[l];
+        d->kind = L->kind;
+        d->norm = dvec(e, &L->norm);
+        switch (L->kind) {
+        case KEEL_MIXER_MAMBA: {
+            const keel_mamba_w *w = &L->mamba;
+            d->mamba = (dmamba){dmat(e, &w->in_proj), dmat(e, &w->out_proj), dvec(e, &w->in_bias), dvec(e, &w->conv_w),
+                                dvec(e, &w->conv_b), dvec(e, &w->dt_bias), dvec(e, &w->A_log), dvec(e, &w->D),
+                                dvec(e, &w->norm), dvec(e, &w->out_bias)};
+            break;
+        }
+        case KEEL_MIXER_ATTN: bind_attn(e, &L->attn, &d->attn); break;
+        case KEEL_MIXER_MLP: d->mlp = (dmlp){dmat(e, &L->mlp.up), dmat(e, &L->mlp.down)}; break;
+        case KEEL_MIXER_MOE: bind_moe(e, &L->moe, &d->moe); break;
+        }
+    }
+    if (m->has_mtp) {
+        const keel_mtp_w *w = &m->mtp;
+        e->mtp.enorm = dvec(e, &w->enorm), e->mtp.hnorm = dvec(e, &w->hnorm), e->mtp.norm0 = dvec(e, &w->norm0);
+        e->mtp.norm1 = dvec(e, &w->norm1), e->mtp.final_norm = dvec(e, &w->final_norm);
+        e->mtp.eh_proj = dmat(e, &w->eh_proj);
+        bind_attn(e, &w->attn, &e->mtp.attn);
+        bind_moe(e, &w->moe, &e->mtp.moe);
+    }
+    keel_cuda_engine_reset(e);
+    keel_ecu_sync(NULL);
+    *out = e;
+    return KEEL_OK;
+}
+
+void keel_cuda_engine_free(keel_cuda_engine *e) {
+    if (!e) return;
+    for (int i = 0; i < 2 * PROF_PAIRS; i++) keel_ecu_event_free(e->ev[i]);
+    keel_ecu_free(e->weights);
+    keel_ecu_free(e->arena);
+    free(e->layers);
+    free(e->slot);
+    free(e);
+}
+
+void keel_cuda_engine_reset(keel_cuda_engine *e) {
+    const keel_config *g = e->cfg;
+    e->pos = 0;
+    e->mtp_pos = 0;
+    keel_cuda_memset(e->conv, 0, (size_t)e->n_mamba * (size_t)KEEL_MAX(g->conv_kernel - 1, 0) * (size_t)g->conv_dim * sizeof(float));
+    keel_cuda_memset(e->ssm, 0, (size_t)e->n_mamba * (size_t)g->mamba_heads * (size_t)g->mamba_head_dim *
+                                    (size_t)g->ssm_state * sizeof(float));
+}
+
+int keel_cuda_engine_pos(const keel_cuda_engine *e) { return e->pos; }
+int keel_cuda_engine_max_ctx(const keel_cuda_engine *e) { return e->max_ctx; }
+size_t keel_cuda_engine_weight_bytes(const keel_cuda_engine *e) { return e->weight_bytes; }
+void keel_cuda_engine_set_window(keel_cuda_engine *e, int rows) { e->window = rows >= 1 && rows <= WIN ? rows : WIN; }
+
+/* ---- the layers ---- */
+
+/* y = x . W^T: a stream tile on bf16 rows, or the fp32 matvec for a float matrix (fp32 rows when given). */
+static void mm(keel_cuda_engine *e, int fam, const keel_cuda_qw *W, const float *xf, const uint16_t *xb, int m,
+               void *y, keel_dtype ydt, keel_epilogue epi) {
+    fam_begin(e, fam);
+    if (W->bits == 0) keel_ecu_matvec(W, xf ? (const void *)xf : (const void *)xb, xf ? KEEL_DT_F32 : KEEL_DT_BF16, m, y, ydt, epi, NULL);
+    else keel_cuda_stream_matmul(W, xb, KEEL_DT_BF16, m, y, ydt, epi, NULL);
+    fam_end(e);
+}
+
+static void mamba(keel_cuda_engine *e, const dmamba *w, int slot, int m) {
+    const keel_config *g = e->cfg;
+    const int DI = g->d_inner, CD = g->conv_dim, K = g->conv_kernel, PD = g->in_proj_dim;
+    mm(e, KEEL_CUF_PROJ, &w->in_proj, e->xnf, e->xnb, m, e->proj, KEEL_DT_F32, KEEL_EPI_NONE);
+    fam_begin(e, KEEL_CUF_MAMBA);
+    keel_ecu_add_bias(e->proj, m, PD, PD, &w->in_bias, NULL);
+    float *win = e->conv + (size_t)slot * (size_t)KEEL_MAX(K - 1, 0) * (size_t)CD;
+    float *st = e->ssm + (size_t)slot * (size_t)g->mamba_heads * (size_t)g->mamba_head_dim * (size_t)g->ssm_state;
+    keel_ecu_conv(e->proj, PD, DI, win, &w->conv_w, g->conv_bias ? &w->conv_b : NULL, K, CD, m, e->xbc, NULL);
+    keel_ecu_ssm(e->xbc, CD, e->proj, PD, DI + CD, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
+                 g->mamba_head_dim, g->ssm_state, g->n_groups, m, e->ymid, NULL);
+    keel_ecu_gate_norm(e->ymid, e->proj, PD, &w->norm, g->n_groups, DI, g->norm_eps, m, e->midb, NULL);
+    fam_end(e);
+    mm(e, KEEL_CUF_PROJ, &w->out_proj, NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
+}
+
+static void attention(keel_cuda_engine *e, const dattn *w, float *kc, float *vc, int pos, int m) {
+    const keel_config *g = e->cfg;
+    const int qd = g->n_head * g->head_dim, kvd = g->n_kv_head * g->head_dim;
+    float *k = kc + (size_t)pos * kvd, *v = vc + (size_t)pos * kvd;
+    mm(e, KEEL_CUF_PROJ, &w->q, e->xnf, e->xnb, m, e->proj, KEEL_DT_F32, KEEL_EPI_NONE);
+    mm(e, KEEL_CUF_PROJ, &w->k, e->xnf, e->xnb, m, k, KEEL_DT_F32, KEEL_EPI_NONE);
+    mm(e, KEEL_CUF_PROJ, &w->v, e->xnf, e->xnb, m, v, KEEL_DT_F32, KEEL_EPI_NONE);
+    fam_begin(e, KEEL_CUF_ATTN);
+    keel_ecu_add_bias(e->proj, m, qd, qd, &w->qb, NULL);
+    keel_ecu_add_bias(k, m, kvd, kvd, &w->kb, NULL);
+    keel_ecu_add_bias(v, m, kvd, kvd, &w->vb, NULL);
+    keel_ecu_attention(e->proj, kc, vc, kvd, pos, m, g->n_head, g->n_kv_head, g->head_dim, e->scores, e->max_ctx,
+                       e->midb, NULL);
+    fam_end(e);
+    mm(e, KEEL_CUF_PROJ, &w->o, NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
+}
+
+static void mlp(keel_cuda_engine *e, const dmlp *w, int m, float *out) {
+    mm(e, KEEL_CUF_PROJ, &w->up, e->xnf, e->xnb, m, e->midb, KEEL_DT_BF16, KEEL_EPI_RELU2);
+    mm(e, KEEL_CUF_PROJ, &w->down, NULL, e->midb, m, out, KEEL_DT_F32, KEEL_EPI_NONE);
+}
+
+/* Routed experts one row at a time (each launch has top_k items, as a row alone has), then the shared expert. */
+static void moe(keel_cuda_engine *e, const dmoe *w, int m) {
+    const keel_config *g = e->cfg;
+    const int H = g->hidden, K = g->top_k, E = g->n_experts;
+    fam_begin(e, KEEL_CUF_ROUTER);
+    keel_ecu_matvec(&w->gate, e->xnf, KEEL_DT_F32, m, e->router, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+    keel_ecu_route(e->router, &w->corr, E, K, g->n_group, g->topk_group, g->norm_topk_prob, g->routed_scaling, m,
+                   e->items, e->rweights, e->sel, NULL);
+    fam_end(e);
+    fam_begin(e, KEEL_CUF_EXPERTS);
+    for (int r = 0; r < m; r++) {
+        keel_cuda_stream_experts_up(&w->fc1, e->xnb + (size_t)r * H, KEEL_DT_BF16, 1, e->items + (size_t)r * K, K,
+                                    e->hexp, KEEL_DT_BF16, KEEL_EPI_RELU2, NULL);
+        keel_cuda_stream_experts_down(&w->fc2, e->hexp, KEEL_DT_BF16, 1, e->items + (size_t)r * K,
+                                      e->rweights + (size_t)r * K * 8, K, e->mix + (size_t)r * H, KEEL_DT_F32, NULL);
+    }
+    fam_end(e);
+    if (g->n_shared > 0) mlp(e, &w->shared, m, e->mix2);
+}
+
+static const keel_ecu_vec *next_norm(const keel_cuda_engine *e, int l) {
+    return l + 1 < e->cfg->n_layer ? &e->layers[l + 1].norm : &e->norm_f;
+}
+
+/* One window of m rows from e->pos: leaves the hidden after norm_f in xnf (fp32) and xnb (bf16). */
+static void run_window(keel_cuda_engine *e, const int *tokens, int m) {
+    const keel_config *g = e->cfg;
+    const int H = g->hidden, kvd = g->n_kv_head * g->head_dim;
+    keel_ecu_upload(e->tok, tokens, (size_t)m * sizeof(int), NULL);
+    fam_begin(e, KEEL_CUF_EMBED);
+    keel_ecu_embed(&e->embed, e->tok, m, e->x, NULL);
+    fam_end(e);
+    fam_begin(e, KEEL_CUF_NORM);
+    keel_ecu_rmsnorm(e->x, H, g->n_layer ? &e->layers[0].norm : &e->norm_f, m, H, g->norm_eps, e->xnf, e->xnb, H, NULL);
+    fam_end(e);
+    for (int l = 0; l < g->n_layer; l++) {
+        const dlayer *L = &e->layers[l];
+        const float *b = NULL;
+        const keel_ecu_vec *bias = NULL;
+        switch (L->kind) {
+        case KEEL_MIXER_MAMBA:
+            mamba(e, &L->mamba, e->slot[l], m);
+            bias = &L->mamba.out_bias;
+            break;
+        case KEEL_MIXER_ATTN: {
+            const size_t at = (size_t)e->slot[l] * (size_t)e->max_ctx * (size_t)kvd;
+            attention(e, &L->attn, e->kc + at, e->vc + at, e->pos, m);
+            bias = &L->attn.ob;
+            break;
+        }
+        case KEEL_MIXER_MLP: mlp(e, &L->mlp, m, e->mix); break;
+        case KEEL_MIXER_MOE:
+            moe(e, &L->moe, m);
+            if (g->n_shared > 0) b = e->mix2;
+            break;
+        }
+        fam_begin(e, KEEL_CUF_NORM);
+        keel_ecu_add_rmsnorm(e->x, e->mix, b, bias, next_norm(e, l), m, H, g->norm_eps, e->xnf, e->xnb, NULL);
+        fam_end(e);
+    }
+    e->pos += m;
+}
+
+static keel_code check_tokens(const keel_cuda_engine *e, const int *t, int n, int at, const char *what, keel_err *err) {
+    if (n < 1) return keel_err_set(err, KEEL_E_ARG, "%s: %d tokens, expected at least 1", what, n);
+    for (int i = 0; i < n; i++)
+        if (t[i] < 0 || t[i] >= e->cfg->vocab)
+            return keel_err_set(err, KEEL_E_RANGE, "token id %d (at index %d) is outside the vocabulary of %d ids",
+                                t[i], i, e->cfg->vocab);
+    if ((int64_t)at + n > e->max_ctx)
+        return keel_err_set(err, KEEL_E_RANGE,
+                            "%s: %d tokens at position %d do not fit the context of %d tokens (the CUDA engine's KV "
+                            "cache; raise --ctx)", what, n, at, e->max_ctx);
+    return KEEL_OK;
+}
+
+/* The forward; with dev_last, the last row's logits stay in e->logits (row 0) and are not downloaded. */
+static keel_code forward(keel_cuda_engine *e, const int *tokens, int n, float *logits, keel_logits_mode mode,
+                         float *hidden, bool dev_last, keel_err *err) {
+    const keel_config *g = e->cfg;
+    const int H = g->hidden, V = g->vocab;
+    keel_code rc = check_tokens(e, tokens, n, e->pos, "forward", err);
+    if (rc) return rc;
+    for (int c0 = 0; c0 < n; c0 += e->window) {
+        const int m = KEEL_MIN(e->window, n - c0);
+        run_window(e, tokens + c0, m);
+        if (hidden) keel_ecu_download(hidden + (size_t)c0 * H, e->xnf, (size_t)m * H * sizeof(float), NULL);
+        if (mode == KEEL_LOGITS_ALL) {
+            mm(e, KEEL_CUF_LM_HEAD, &e->lm_head, e->xnf, e->xnb, m, e->logits, KEEL_DT_F32, KEEL_EPI_NONE);
+            keel_ecu_download(logits + (size_t)c0 * V, e->logits, (size_t)m * V * sizeof(float), NULL);
+        } else if (mode == KEEL_LOGITS_LAST && c0 + m == n) {
+            mm(e, KEEL_CUF_LM_HEAD, &e->lm_head, e->xnf + (size_t)(m - 1) * H, e->xnb + (size_t)(m - 1) * H, 1,
+               e->logits, KEEL_DT_F32, KEEL_EPI_NONE);
+            if (!dev_last) keel_ecu_download(logits, e->logits, (size_t)V * sizeof(float), NULL);
+        }
+    }
+    if (!dev_last) keel_ecu_sync(NULL);
+    if (e->prof) prof_flush(e);
+    return KEEL_OK;
+}
+
+keel_code keel_cuda_engine_forward(keel_cuda_engine *e, const int *tokens, int n, float *logits,
+                                   keel_logits_mode mode, float *hidden, keel_err *err) {
+    KEEL_ASSERT(e && tokens && (mode == KEEL_LOGITS_NONE || logits));
+    return forward(e, tokens, n, logits, mode, hidden, false, err);
+}
+
+keel_code keel_cuda_engine_mtp(keel_cuda_engine *e, const float *h, const int *next, int n, float *logits,
+                               float *out_hidden, keel_err *err) {
+    const keel_model *M = e->model;
+    const keel_config *g = e->cfg;
+    const int H = g->hidden, V = g->vocab, kvd = g->n_kv_head * g->head_dim;
+    (void)kvd;
+    if (!M->has_mtp) return keel_err_set(err, KEEL_E_MISSING, "model %s has no MTP head (mtp.safetensors)", M->dir);
+    keel_code rc = check_tokens(e, next, n, e->mtp_pos, "mtp", err);
+    if (rc) return rc;
+    for (int c0 = 0; c0 < n; c0 += e->window) {
+        const int m = KEEL_MIN(e->window, n - c0);
+        keel_ecu_upload(e->tok, next + c0, (size_t)m * sizeof(int), NULL);
+        keel_ecu_upload(e->hin, h + (size_t)c0 * H, (size_t)m * H * sizeof(float), NULL);
+        fam_begin(e, KEEL_CUF_EMBED);
+        keel_ecu_embed(&e->embed, e->tok, m, e->x, NULL);
+        fam_end(e);
+        fam_begin(e, KEEL_CUF_NORM);
+        keel_ecu_rmsnorm(e->x, H, &e->mtp.enorm, m, H, g->norm_eps, e->catf, e->catb, 2 * H, NULL);
+        keel_ecu_rmsnorm(e->hin, H, &e->mtp.hnorm, m, H, g->norm_eps, e->catf + H, e->catb + H, 2 * H, NULL);
+        fam_end(e);
+        mm(e, KEEL_CUF_PROJ, &e->mtp.eh_proj, e->catf, e->catb, m, e->x, KEEL_DT_F32, KEEL_EPI_NONE);
+        fam_begin(e, KEEL_CUF_NORM);
+        keel_ecu_rmsnorm(e->x, H, &e->mtp.norm0, m, H, g->norm_eps, e->xnf, e->xnb, H, NULL);
+        fam_end(e);
+        attention(e, &e->mtp.attn, e->mtp_k, e->mtp_v, e->mtp_pos, m);
+        fam_begin(e, KEEL_CUF_NORM);
+        keel_ecu_add_rmsnorm(e->x, e->mix, NULL, &e->mtp.attn.ob, &e->mtp.norm1, m, H, g->norm_eps, e->xnf, e->xnb, NULL);
+        fam_end(e);
+        moe(e, &e->mtp.moe, m);
+        fam_begin(e, KEEL_CUF_NORM);
+        keel_ecu_add_rmsnorm(e->x, e->mix, g->n_shared > 0 ? e->mix2 : NULL, NULL, &e->mtp.final_norm, m, H,
+                             g->norm_eps, e->xnf, e->xnb, NULL);
+        fam_end(e);
+        e->mtp_pos += m;
+        if (out_hidden) keel_ecu_download(out_hidden + (size_t)c0 * H, e->xnf, (size_t)m * H * sizeof(float), NULL);
+        if (logits) {
+            mm(e, KEEL_CUF_LM_HEAD, &e->lm_head, e->xnf, e->xnb, m, e->logits, KEEL_DT_F32, KEEL_EPI_NONE);
+            keel_ecu_download(logits + (size_t)c0 * V, e->logits, (size_t)m * V * sizeof(float), NULL);
+        }
+    }
+    keel_ecu_sync(NULL);
+    if (e->prof) prof_flush(e);
+    return KEEL_OK;
+}
+
+/* ---- generation ---- */
+
+static bool is_eos(const int *eos, int n_eos, int tok) {
+    for (int i = 0; i < n_eos; i++)
+        if (eos[i] == tok) return true;
+    return false;
+}
+
+/* The token at pos from the last logits in e->logits: argmax on the device, or the seeded sampler on the host. */
+static int pick(keel_cuda_engine *e, keel_sampler *s, float *host_logits, int64_t pos) {
+    int tok = 0;
+    fam_begin(e, KEEL_CUF_SAMPLE);
+    if (!(s->c.temp > 0.0f)) {
+        keel_ecu_argmax(e->logits, e->cfg->vocab, e->arg, NULL);
+        fam_end(e);
+        keel_ecu_download(&tok, e->arg, sizeof tok, NULL);
+    } else {
+        fam_end(e);
+        keel_ecu_download(host_logits, e->logits, (size_t)e->cfg->vocab * sizeof(float), NULL);
+        tok = keel_sampler_sample(s, host_logits, pos);
+    }
+    return tok;
+}
+
+keel_code keel_cuda_generate(keel_cuda_engine *e, const int *prompt, int n_prompt, const keel_gen_opts *o,
+                             keel_token_fn fn, void *user, keel_gen_result *res, keel_err *err) {
+    KEEL_ASSERT(e && o && res);
+    memset(res, 0, sizeof *res);
+    if (n_prompt < 1) return keel_err_set(err, KEEL_E_ARG, "the prompt is empty: at least one token is needed");
+    if (n_prompt > e->max_ctx)
+        return keel_err_set(err, KEEL_E_RANGE, "the prompt has %d tokens, longer than the context of %d tokens",
+                            n_prompt, e->max_ctx);
+    const int *eos = o->eos ? o->eos : e->cfg->eos_ids;
+    const int n_eos = o->eos ? o->n_eos : e->cfg->n_eos;
+    keel_cuda_engine_reset(e);
+    float *logits = malloc((size_t)e->cfg->vocab * sizeof(float));
+    if (!logits) return keel_err_set(err, KEEL_E_NOMEM, "generate: cannot allocate %d logits", e->cfg->vocab);
+    keel_sampler s;
+    keel_sampler_init(&s, &o->samp, e->cfg->vocab);
+    double t0 = keel_now();
+    keel_code rc = forward(e, prompt, n_prompt, NULL, KEEL_LOGITS_LAST, NULL, true, err);
+    keel_ecu_sync(NULL);
+    res->n_prompt = n_prompt;
+    double t1 = keel_now();
+    res->prompt_s = t1 - t0;
+    while (rc == KEEL_OK) {
+        if (o->n_predict >= 0 && res->n_gen >= o->n_predict) {
+            res->stop = KEEL_STOP_LENGTH;
+            break;
+        }
+        const int64_t pos = e->pos;
+        if (pos >= e->max_ctx) {
+            res->stop = KEEL_STOP_CONTEXT;
+            break;
+        }
+        const int tok = pick(e, &s, logits, pos);
+        if (is_eos(eos, n_eos, tok)) {
+            res->stop = KEEL_STOP_EOS;
+            res->stop_token = tok;
+            break;
+        }
+        res->n_gen++;
+        if (fn && fn(user, tok, pos)) {
+            res->stop = KEEL_STOP_CALLBACK;
+            break;
+        }
+        if (o->n_predict >= 0 && res->n_gen >= o->n_predict) {
+            res->stop = KEEL_STOP_LENGTH;
+            break;
+        }
+        if (pos + 1 >= e->max_ctx) {
+            res->stop = KEEL_STOP_CONTEXT;
+            break;
+        }
+        rc = forward(e, &tok, 1, NULL, KEEL_LOGITS_LAST, NULL, true, err);
+    }
+    keel_ecu_sync(NULL);
+    if (e->prof) prof_flush(e);
+    res->gen_s = keel_now() - t1;
+    keel_sampler_free(&s);
+    free(logits);
+    return rc;
+}
+
+#else
+typedef int keel_engine_cuda_unused; /* a CPU-only build compiles this file to nothing */
+#endif

@@ -1,0 +1,533 @@
+/* engine/cuda: the GPU engine's kernels besides the stream tiles: embedding, norms with fused residual adds, the
+ * Mamba-2 conv and scan, attention over the KV cache, the router, the fp32 matvec and argmax. Products and sums are
+ * written with explicit rounding (__fmul_rn/__fadd_rn) where the CPU engine's order is followed, so no
+ * contraction changes the arithmetic between the two. Block reductions use a fixed tree, so results never depend on
+ * which window a row is in. */
+#include <stdio.h>
+
+#include "../../kernels/cuda/port.h"
+#include "ecuda.h"
+
+namespace {
+
+constexpr int kNormThreads = 256;
+
+__device__ __forceinline__ float ld_dt(const void *p, int dt, long long i) {
+    if (dt == KEEL_DT_BF16) return kp_bf16_to_f32(((const uint16_t *)p)[i]);
+    if (dt == KEEL_DT_F16) return kp_f16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+struct DVec {
+    const void *p;
+    int dt, n;
+};
+
+DVec dv(const keel_ecu_vec *v) {
+    DVec d = {v ? v->p : nullptr, v ? (int)v->dt : 0, v ? v->n : 0};
+    return d;
+}
+
+__device__ __forceinline__ float vget(const DVec &v, long long i) { return ld_dt(v.p, v.dt, i); }
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+__device__ __forceinline__ float softplus(float v) { return v > 0.0f ? v + log1pf(expf(-v)) : log1pf(expf(v)); }
+
+__device__ __forceinline__ uint32_t code_at(const uint32_t *row, int bits, int c) {
+    unsigned long long bit = (unsigned long long)c * (unsigned)bits, wi = bit >> 5;
+    unsigned sh = (unsigned)(bit & 31u);
+    unsigned long long two = (unsigned long long)row[wi] | (sh + (unsigned)bits > 32u ? (unsigned long long)row[wi + 1] << 32 : 0ull);
+    return (uint32_t)(two >> sh) & ((1u << bits) - 1u);
+}
+
+/* Sum over the block with a fixed tree; every thread gets the result. buf holds blockDim.x floats. */
+__device__ float block_sum(float v, float *buf) {
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) buf[threadIdx.x] = __fadd_rn(buf[threadIdx.x], buf[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float r = buf[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ float block_max(float v, float *buf) {
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) buf[threadIdx.x] = fmaxf(buf[threadIdx.x], buf[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float r = buf[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(KP_FULL_MASK, v, o));
+    return v;
+}
+
+struct QW {
+    const uint32_t *w;
+    const void *sc, *bi;
+    int n, k, bits, group, sdt;
+};
+
+QW qw(const keel_cuda_qw *W) {
+    QW q = {W->w, W->scales, W->biases, W->n, W->k, W->bits, W->group, (int)W->sdt};
+    return q;
+}
+
+__global__ void embed_kernel(QW t, const int *tok, int m, float *x) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)m * t.k) return;
+    int r = (int)(i / t.k), c = (int)(i % t.k);
+    long long row = tok[r];
+    if (t.bits == 0) {
+        x[i] = ld_dt(t.w, t.sdt, row * t.k + c);
+        return;
+    }
+    const uint32_t *rw = t.w + row * ((long long)t.k * t.bits / 32);
+    long long g = row * (t.k / t.group) + c / t.group;
+    float s = ld_dt(t.sc, t.sdt, g), b = ld_dt(t.bi, t.sdt, g);
+    x[i] = __fadd_rn(__fmul_rn(s, (float)code_at(rw, t.bits, c)), b);
+}
+
+__device__ void norm_row(const float *xr, DVec w, int n, float eps, float *yf, uint16_t *yb, float *buf) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = __fadd_rn(ss, __fmul_rn(xr[i], xr[i]));
+    ss = block_sum(ss, buf);
+    const float inv = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = __fmul_rn(__fmul_rn(xr[i], inv), vget(w, i));
+        if (yf) yf[i] = v;
+        if (yb) yb[i] = kp_f32_to_bf16(v);
+    }
+}
+
+__global__ void rmsnorm_kernel(const float *x, int ldx, DVec w, int n, float eps, float *yf, uint16_t *yb, int ldy) {
+    __shared__ float buf[kNormThreads];
+    const long long r = blockIdx.x;
+    norm_row(x + r * ldx, w, n, eps, yf ? yf + r * ldy : nullptr, yb ? yb + r * ldy : nullptr, buf);
+}
+
+__global__ void add_rmsnorm_kernel(float *x, const float *a, const float *b, DVec bias, DVec w, int n, float eps,
+                                   float *yf, uint16_t *yb) {
+    __shared__ float buf[kNormThreads];
+    const long long r = blockIdx.x;
+    float *xr = x + r * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float t = a[r * n + i];
+        if (b) t = __fadd_rn(t, b[r * n + i]);
+        if (bias.n) t = __fadd_rn(t, vget(bias, i));
+        xr[i] = __fadd_rn(xr[i], t);
+    }
+    __syncthreads();
+    if (w.n) norm_row(xr, w, n, eps, yf ? yf + r * n : nullptr, yb ? yb + r * n : nullptr, buf);
+}
+
+__global__ void add_bias_kernel(float *y, int m, int n, int ld, DVec b) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)m * n) return;
+    long long r = i / n, c = i % n;
+    y[r * ld + c] = __fadd_rn(y[r * ld + c], vget(b, c));
+}
+
+/* One warp per (row, output): lane j takes codes j, j+32, ... of each group; the group sums are warp-reduced. */
+__global__ void matvec_kernel(QW W, const void *x, int x_bf16, int m, void *y, int y_bf16, int epi) {
+    const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = (int)(threadIdx.x & 31);
+    if (warp >= m * W.n) return;
+    const int r = warp / W.n, o = warp % W.n;
+    const long long xo = (long long)r * W.k;
+    float acc = 0.0f;
+    if (W.bits == 0) {
+        for (int c = lane; c < W.k; c += 32) {
+            float xv = x_bf16 ? kp_bf16_to_f32(((const uint16_t *)x)[xo + c]) : ((const float *)x)[xo + c];
+            acc = __fadd_rn(acc, __fmul_rn(xv, ld_dt(W.w, W.sdt, (long long)o * W.k + c)));
+        }
+        acc = warp_sum(acc);
+    } else {
+        const uint32_t *rw = W.w + (long long)o * ((long long)W.k * W.bits / 32);
+        const int ng = W.k / W.group;
+        for (int g = 0; g < ng; g++) {
+            float sxq = 0.0f, sx = 0.0f;
+            for (int j = lane; j < W.group; j += 32) {
+                int c = g * W.group + j;
+                float xv = x_bf16 ? kp_bf16_to_f32(((const uint16_t *)x)[xo + c]) : ((const float *)x)[xo + c];
+                sxq = __fadd_rn(sxq, __fmul_rn(xv, (float)code_at(rw, W.bits, c)));
+                sx = __fadd_rn(sx, xv);
+            }
+            sxq = warp_sum(sxq);
+            sx = warp_sum(sx);
+            long long gi = (long long)o * ng + g;
+            acc = __fadd_rn(acc, __fadd_rn(__fmul_rn(ld_dt(W.sc, W.sdt, gi), sxq), __fmul_rn(ld_dt(W.bi, W.sdt, gi), sx)));
+        }
+    }
+    if (lane == 0) {
+        if (epi == KEEL_EPI_RELU2) acc = acc > 0.0f ? __fmul_rn(acc, acc) : 0.0f;
+        long long yi = (long long)r * W.n + o;
+        if (y_bf16) ((uint16_t *)y)[yi] = kp_f32_to_bf16(acc);
+        else ((float *)y)[yi] = acc;
+    }
+}
+
+constexpr int kMaxConvK = 8;
+
+__global__ void conv_kernel(const float *proj, int ld, int off, float *win, DVec cw, DVec cb, int K, int C, int m,
+                            float *out) {
+    const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= C) return;
+    float w[kMaxConvK], h[kMaxConvK];
+    for (int k = 0; k < K; k++) w[k] = vget(cw, (long long)c * K + k);
+    for (int k = 0; k < K - 1; k++) h[k] = win[(long long)k * C + c];
+    const float b = cb.n ? vget(cb, c) : 0.0f;
+    for (int r = 0; r < m; r++) {
+        const float in = proj[(long long)r * ld + off + c];
+        float acc = b;
+        for (int k = 0; k < K - 1; k++) acc = __fadd_rn(acc, __fmul_rn(w[k], h[k]));
+        acc = __fadd_rn(acc, __fmul_rn(w[K - 1], in));
+        out[(long long)r * C + c] = silu(acc);
+        for (int k = 0; k + 1 < K - 1; k++) h[k] = h[k + 1];
+        if (K > 1) h[K - 2] = in;
+    }
+    for (int k = 0; k < K - 1; k++) win[(long long)k * C + c] = h[k];
+}
+
+constexpr int kMaxStatePerLane = 8; /* ssm_state up to 256 */
+
+/* One warp per (head, channel p): the state row (N) lives in the lanes' registers across the m tokens. */
+__global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state, DVec dtb,
+                           DVec alog, DVec Dv, int NH, int P, int N, int G, int m, float *y) {
+    const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = (int)(threadIdx.x & 31);
+    if (warp >= NH * P) return;
+    const int h = warp / P, p = warp % P, DI = NH * P, grp = h / (NH / G);
+    float s[kMaxStatePerLane];
+    float *srow = state + ((long long)h * P + p) * N;
+    for (int i = 0; i < kMaxStatePerLane; i++) {
+        int n = lane + 32 * i;
+        s[i] = n < N ? srow[n] : 0.0f;
+    }
+    const float A = -expf(vget(alog, h)), Dh = vget(Dv, h), bias = vget(dtb, h);
+    for (int r = 0; r < m; r++) {
+        const float dt = softplus(__fadd_rn(proj[(long long)r * ld + dt_off + h], bias));
+        const float dA = expf(__fmul_rn(A, dt));
+        const float *xr = xbc + (long long)r * CD;
+        const float xv = xr[h * P + p], xdt = __fmul_rn(xv, dt);
+        const float *B = xr + DI + grp * N, *Cm = xr + DI + G * N + grp * N;
+        float acc = 0.0f;
+        for (int i = 0; i < kMaxStatePerLane; i++) {
+            int n = lane + 32 * i;
+            if (n < N) {
+                s[i] = __fadd_rn(__fmul_rn(dA, s[i]), __fmul_rn(xdt, B[n]));
+                acc = __fadd_rn(acc, __fmul_rn(s[i], Cm[n]));
+            }
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) y[(long long)r * DI + h * P + p] = __fadd_rn(acc, __fmul_rn(Dh, xv));
+    }
+    for (int i = 0; i < kMaxStatePerLane; i++) {
+        int n = lane + 32 * i;
+        if (n < N) srow[n] = s[i];
+    }
+}
+
+__global__ void gate_norm_kernel(const float *y, const float *proj, int ld, DVec w, int G, int DI, float eps,
+                                 uint16_t *out) {
+    __shared__ float buf[kNormThreads];
+    const int r = blockIdx.x / G, q = blockIdx.x % G, gs = DI / G;
+    const float *yr = y + (long long)r * DI + (long long)q * gs, *z = proj + (long long)r * ld + (long long)q * gs;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < gs; i += blockDim.x) {
+        float v = __fmul_rn(yr[i], silu(z[i]));
+        ss = __fadd_rn(ss, __fmul_rn(v, v));
+    }
+    ss = block_sum(ss, buf);
+    const float inv = 1.0f / sqrtf(__fadd_rn(ss / (float)gs, eps));
+    uint16_t *o = out + (long long)r * DI + (long long)q * gs;
+    for (int i = threadIdx.x; i < gs; i += blockDim.x) {
+        float v = __fmul_rn(yr[i], silu(z[i]));
+        o[i] = kp_f32_to_bf16(__fmul_rn(__fmul_rn(v, inv), vget(w, (long long)q * gs + i)));
+    }
+}
+
+constexpr int kAttnThreads = 128;
+constexpr int kMaxHeadDim = 256;
+
+/* One block per (query head, row): scores, a max-subtracted softmax and the weighted sum, two passes over the
+ * cache; the same arithmetic for a row whatever m is. */
+__global__ void attention_kernel(const float *q, const float *kc, const float *vc, int kvd, int pos, int nh, int nkv,
+                                 int hd, float *scores, int ctx, uint16_t *o) {
+    __shared__ float qs[kMaxHeadDim];
+    __shared__ float buf[kAttnThreads];
+    const int h = blockIdx.x, r = blockIdx.y, p = pos + r, kh = h / (nh / nkv), qd = nh * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(long long)r * qd + (long long)h * hd + i];
+    __syncthreads();
+    float *sc = scores + ((long long)r * nh + h) * ctx;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j <= p; j += blockDim.x) {
+        const float *k = kc + (long long)j * kvd + (long long)kh * hd;
+        float d = 0.0f;
+        for (int i = 0; i < hd; i++) d = __fadd_rn(d, __fmul_rn(qs[i], k[i]));
+        d = __fmul_rn(d, scale);
+        sc[j] = d;
+        mx = fmaxf(mx, d);
+    }
+    mx = block_max(mx, buf);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j <= p; j += blockDim.x) {
+        float e = expf(__fadd_rn(sc[j], -mx));
+        sc[j] = e;
+        sum = __fadd_rn(sum, e);
+    }
+    sum = block_sum(sum, buf); /* also orders the score writes before the reads below */
+    const float inv = 1.0f / sum;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float acc = 0.0f;
+        const float *v = vc + (long long)kh * hd + i;
+        for (int j = 0; j <= p; j++) acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(sc[j], inv), v[(long long)j * kvd]));
+        o[(long long)r * qd + (long long)h * hd + i] = kp_f32_to_bf16(acc);
+    }
+}
+
+constexpr int kMaxExperts = 1024;
+
+__device__ __forceinline__ bool better(float sa, int a, float sb, int b) {
+    return sa > sb || (sa == sb && a < b);
+}
+
+/* One warp per row: sigmoid scores, correction bias, group filter, top-k by (score, lower id), weights. */
+__global__ void route_kernel(const float *logits, DVec corr, int E, int K, int n_group, int topk_group, int norm_topk,
+                             float scaling, keel_cuda_route *items, float *weights, int *sel) {
+    __shared__ float s[kMaxExperts], b[kMaxExperts];
+    __shared__ unsigned char used[kMaxExperts];
+    __shared__ int chosen[64];
+    const int r = blockIdx.x, lane = threadIdx.x;
+    for (int i = lane; i < E; i += 32) {
+        float l = logits[(long long)r * E + i];
+        s[i] = 1.0f / (1.0f + expf(-l));
+        b[i] = corr.n ? __fadd_rn(s[i], vget(corr, i)) : s[i];
+        used[i] = 0;
+    }
+    __syncwarp();
+    if (n_group > 1 && topk_group < n_group && lane == 0) {
+        const int per = E / n_group;
+        float gs[64];
+        bool keep[64];
+        for (int g = 0; g < n_group; g++) {
+            float t1 = -INFINITY, t2 = -INFINITY;
+            for (int i = g * per; i < (g + 1) * per; i++) {
+                if (b[i] > t1) { t2 = t1; t1 = b[i]; }
+                else if (b[i] > t2) t2 = b[i];
+            }
+            gs[g] = per >= 2 ? __fadd_rn(t1, t2) : t1;
+            keep[g] = false;
+        }
+        for (int t = 0; t < topk_group; t++) {
+            int best = -1;
+            for (int g = 0; g < n_group; g++)
+                if (!keep[g] && (best < 0 || better(gs[g], g, gs[best], best))) best = g;
+            keep[best] = true;
+        }
+        for (int i = 0; i < E; i++)
+            if (!keep[i / per]) b[i] = 0.0f;
+    }
+    __syncwarp();
+    for (int k = 0; k < K; k++) {
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int i = lane; i < E; i += 32)
+            if (!used[i] && (bi < 0 || better(b[i], i, bv, bi))) { bv = b[i]; bi = i; }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(KP_FULL_MASK, bv, o);
+            int oi = __shfl_xor_sync(KP_FULL_MASK, bi, o);
+            if (oi >= 0 && (bi < 0 || better(ov, oi, bv, bi))) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) {
+            used[bi] = 1;
+            chosen[k] = bi;
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++) sum = __fadd_rn(sum, s[chosen[k]]);
+        const float denom = __fadd_rn(sum, 1e-20f);
+        for (int k = 0; k < K; k++) {
+            float w = s[chosen[k]];
+            w = __fmul_rn(norm_topk ? w / denom : w, scaling);
+            const long long it = (long long)r * K + k;
+            items[it].expert = chosen[k];
+            items[it].mask = 1u;
+            sel[it] = chosen[k];
+            for (int j = 0; j < 8; j++) weights[it * 8 + j] = j == 0 ? w : 0.0f;
+        }
+    }
+}
+
+constexpr int kArgThreads = 1024;
+
+__global__ void argmax_kernel(const float *v, int n, int *out) {
+    __shared__ float bv[kArgThreads];
+    __shared__ int bi[kArgThreads];
+    float best = 0.0f;
+    int id = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float x = v[i];
+        if (x != x) continue; /* NaN never wins */
+        if (id < 0 || x > best) { best = x; id = i; }
+    }
+    bv[threadIdx.x] = best;
+    bi[threadIdx.x] = id;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) {
+            int oi = bi[threadIdx.x + s];
+            float ov = bv[threadIdx.x + s];
+            int mi = bi[threadIdx.x];
+            if (oi >= 0 && (mi < 0 || ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < mi))) {
+                bv[threadIdx.x] = ov;
+                bi[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = bi[0] < 0 ? 0 : bi[0];
+}
+
+unsigned blocks_for(long long n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+} // namespace
+
+extern "C" void keel_ecu_embed(const keel_cuda_qw *t, const int *tok, int m, float *x, void *st) {
+    long long total = (long long)m * t->k;
+    embed_kernel<<<blocks_for(total, 256), 256, 0, (cudaStream_t)st>>>(qw(t), tok, m, x);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void keel_ecu_rmsnorm(const float *x, int ldx, const keel_ecu_vec *w, int m, int n, float eps, float *yf,
+                                 uint16_t *yb, int ldy, void *st) {
+    rmsnorm_kernel<<<(unsigned)m, kNormThreads, 0, (cudaStream_t)st>>>(x, ldx, dv(w), n, eps, yf, yb, ldy);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void keel_ecu_add_rmsnorm(float *x, const float *a, const float *b, const keel_ecu_vec *bias,
+                                     const keel_ecu_vec *w, int m, int n, float eps, float *yf, uint16_t *yb,
+                                     void *st) {
+    add_rmsnorm_kernel<<<(unsigned)m, kNormThreads, 0, (cudaStream_t)st>>>(x, a, b, dv(bias), dv(w), n, eps, yf, yb);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void keel_ecu_add_bias(float *y, int m, int n, int ld, const keel_ecu_vec *b, void *st) {
+    if (!b || !b->n) return;
+    add_bias_kernel<<<blocks_for((long long)m * n, 256), 256, 0, (cudaStream_t)st>>>(y, m, n, ld, dv(b));
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void keel_ecu_matvec(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y, keel_dtype ydt,
+                                keel_epilogue epi, void *st) {
+    KEEL_ASSERT(xdt == KEEL_DT_F32 || xdt == KEEL_DT_BF16);
+    KEEL_ASSERT(ydt == KEEL_DT_F32 || ydt == KEEL_DT_BF16);
+    long long threads = (long long)m * W->n * 32;
+    matvec_kernel<<<blocks_for(threads, 256), 256, 0, (cudaStream_t)st>>>(qw(W), x, xdt == KEEL_DT_BF16, m, y,
+                                                                          ydt == KEEL_DT_BF16, (int)epi);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void keel_ecu_conv(const float *proj, int ld, int off, float *win, const keel_ecu_vec *cw,
+                              const keel_ecu_vec *cb, int K, int C, int m, float *out, void *st) {
+    KEEL_ASSERTF(K >= 1 && K <= kMaxConvK, "conv kernel %d (1..%d)", K, kMaxConvK);
+    conv_kernel<<<blocks_for(C, 128), 128, 0, (cudaStream_t)st>>>(proj, ld, off, win, dv(cw), dv(cb), K, C, m, out);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void keel_ecu_ssm(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state,
+                             const keel_ecu_vec *dt_bias, const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH,
+                             int P, int N, int G, int m, float *y, void *st) {
+    KEEL_ASSERTF(N >= 1 && N <= 32 * kMaxStatePerLane, "ssm state %d (1..%d)", N, 32 * kMaxStatePerLane);
+    ssm_kernel<<<blocks_for((long long)NH * P * 32, 128), 128, 0, (cudaStream_t)st>>>(
+        xbc, CD, proj, ld, dt_off, state, dv(dt_bias), dv(A_log), dv(D), NH, P, N, G, m, y);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void keel_ecu_gate_norm(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI,
+                                   float eps, int m, uint16_t *out, void *st) {
+    gate_norm_kernel<<<(unsigned)(m * G), kNormThreads, 0, (cudaStream_t)st>>>(y, proj, ld, dv(w), G, DI, eps, out);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void keel_ecu_attention(const float *q, const float *kc, const float *vc, int kvd, int pos, int m, int nh,
+                                   int nkv, int hd, float *scores, int ctx, uint16_t *o, void *st) {
+    KEEL_ASSERTF(hd >= 1 && hd <= kMaxHeadDim, "head_dim %d (1..%d)", hd, kMaxHeadDim);
+    dim3 grid((unsigned)nh, (unsigned)m);
+    attention_kernel<<<grid, kAttnThreads, 0, (cudaStream_t)st>>>(q, kc, vc, kvd, pos, nh, nkv, hd, scores, ctx, o);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group,
+                               int topk_group, bool norm_topk, float scaling, int m, keel_cuda_route *items,
+                               float *weights, int *sel, void *st) {
+    KEEL_ASSERTF(E >= 1 && E <= kMaxExperts && K >= 1 && K <= 64 && K <= E && n_group <= 64, "router E %d K %d", E, K);
+    route_kernel<<<(unsigned)m, 32, 0, (cudaStream_t)st>>>(logits, dv(corr), E, K, n_group, topk_group,
+                                                           norm_topk ? 1 : 0, scaling, items, weights, sel);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void keel_ecu_argmax(const float *v, int n, int *out, void *st) {
+    argmax_kernel<<<1, kArgThreads, 0, (cudaStream_t)st>>>(v, n, out);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+/* ---- runtime ---- */
+
+extern "C" bool keel_ecu_malloc(void **p, size_t bytes, char *why, size_t cap) {
+    *p = nullptr;
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, cap, "%s", cudaGetErrorString(e));
+        *p = nullptr;
+        return false;
+    }
+    return true;
+}
+
+extern "C" bool keel_ecu_mem_info(size_t *free_b, size_t *total_b) {
+    if (cudaMemGetInfo(free_b, total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+extern "C" void keel_ecu_free(void *p) {
+    if (p) KEEL_CUDA_CHECK(cudaFree(p));
+}
+extern "C" void keel_ecu_upload(void *dst, const void *src, size_t bytes, void *st) {
+    KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)st));
+}
+extern "C" void keel_ecu_download(void *dst, const void *src, size_t bytes, void *st) {
+    KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)st));
+    KEEL_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)st));
+}
+extern "C" void keel_ecu_sync(void *st) { KEEL_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)st)); }
+extern "C" void *keel_ecu_event_new(void) {
+    cudaEvent_t ev;
+    KEEL_CUDA_CHECK(cudaEventCreate(&ev));
+    return (void *)ev;
+}
+extern "C" void keel_ecu_event_free(void *ev) {
+    if (ev) KEEL_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev));
+}
+extern "C" void keel_ecu_event_record(void *ev, void *st) {
+    KEEL_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)st));
+}
+extern "C" float keel_ecu_event_ms(void *a, void *b) {
+    float ms = 0.0f;
+    KEEL_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)b));
+    KEEL_CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b));
+    return ms;
+}
