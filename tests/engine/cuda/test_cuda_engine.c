@@ -1,0 +1,290 @@
+/* engine/cuda: the GPU engine on nemotron_h_tiny against the float64 reference and the CPU engine: teacher-forced
+ * logits within the bf16-activation bound, top-1 at every position, greedy tokens, the MTP head; windows of 1..8
+ * rows bit-identical to one-token decodes; errors for bad tokens, a context that is too long and a checkpoint that
+ * does not fit. Skips (77) without CUDA or a device.
+ *
+ * The bound: activations into the stream tiles are rounded to bf16 (relative error <= 2^-9 each). A logit's error
+ * is at most about hops * 2^-8 * S, S = max over the vocabulary of sum_i |h_i W_vi| (the lm_head product's
+ * magnitude), hops = the bf16 roundings on the deepest path (two per layer: the mixer input and its inner
+ * activation, plus the lm_head input); the norms keep each layer's gain near one. The MTP head adds its own four. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <cmocka.h>
+
+#include "engine/engine.h"
+#include "kernels/cpu/cpu.h"
+
+#ifdef KEEL_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+
+typedef struct fx {
+    keel_model model;
+    keel_st ref;
+    char dir[1024];
+    const int32_t *tokens;
+    const float *logits, *hidden;
+    int n_tok, prompt_len;
+} fx;
+
+static const void *ref_tensor(fx *f, const char *name, keel_dtype dt, int64_t numel) {
+    const keel_st_tensor *t = keel_st_find(&f->ref, name);
+    assert_non_null(t);
+    assert_int_equal(t->dtype, dt);
+    assert_int_equal(t->numel, numel);
+    return t->data;
+}
+
+static int setup(void **state) {
+    const char *root = getenv("KEEL_FIXTURES");
+    if (!root) {
+        print_message("KEEL_FIXTURES is not set\n");
+        return -1;
+    }
+    fx *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "%s/nemotron_h_tiny", root);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/reference.safetensors", f->dir);
+    keel_err err = {0};
+    if (keel_model_load(&f->model, f->dir, NULL, &err) != KEEL_OK || keel_st_open(&f->ref, path, &err) != KEEL_OK) {
+        print_message("fixture: %s\n", err.msg);
+        return -1;
+    }
+    const keel_st_tensor *t = keel_st_find(&f->ref, "tokens");
+    if (!t) return -1;
+    f->n_tok = (int)t->numel;
+    f->tokens = t->data;
+    f->logits = ref_tensor(f, "logits", KEEL_DT_F32, (int64_t)f->n_tok * f->model.cfg.vocab);
+    f->hidden = ref_tensor(f, "hidden", KEEL_DT_F32, (int64_t)f->n_tok * f->model.cfg.hidden);
+    const char *pl = keel_st_meta_get(&f->ref, "prompt_len");
+    f->prompt_len = pl ? atoi(pl) : 0;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fx *f = *state;
+    keel_st_free(&f->ref);
+    keel_model_free(&f->model);
+    free(f);
+    return 0;
+}
+
+/* S of each row of h (n, hidden): max over the vocabulary of sum_i |h_i W_vi| with W the dequantized lm_head. */
+static void lm_magnitude(const keel_model *m, const float *h, int n, double *S) {
+    const int H = m->cfg.hidden, V = m->cfg.vocab;
+    float *row = malloc((size_t)H * sizeof(float));
+    for (int p = 0; p < n; p++) S[p] = 0.0;
+    for (int v = 0; v < V; v++) {
+        keel_quant_dequantize_row(&m->lm_head, v, row);
+        for (int p = 0; p < n; p++) {
+            double s = 0.0;
+            for (int i = 0; i < H; i++) s += fabs((double)h[(size_t)p * H + i] * row[i]);
+            if (s > S[p]) S[p] = s;
+        }
+    }
+    free(row);
+}
+
+/* Checks got against want within hops * 2^-8 * S per position; prints the worst fraction of the bound used. */
+static void within_bound(const char *what, const keel_model *m, const float *got, const float *want,
+                         const float *h, int n, int hops) {
+    const int V = m->cfg.vocab;
+    double *S = malloc((size_t)n * sizeof(double));
+    lm_magnitude(m, h, n, S);
+    double worst = 0.0, maxd = 0.0, sum = 0.0;
+    for (int p = 0; p < n; p++) {
+        const double bound = hops * ldexp(1.0, -8) * S[p];
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)got[(size_t)p * V + v] - want[(size_t)p * V + v]);
+            assert_false(d != d);
+            sum += d;
+            if (d > maxd) maxd = d;
+            if (d / bound > worst) worst = d / bound;
+        }
+    }
+    print_message("%s: max |d| %.4g, mean |d| %.4g, worst %.1f%% of the bound (%d hops x 2^-8 x S)\n", what, maxd,
+                  sum / ((double)n * V), 100.0 * worst, hops);
+    assert_true(worst <= 1.0);
+    free(S);
+}
+
+static void test_teacher_forced(void **state) {
+    fx *f = *state;
+    const keel_config *c = &f->model.cfg;
+    const int n = f->n_tok, V = c->vocab, H = c->hidden;
+    keel_cuda_engine *e = NULL;
+    keel_err err = {0};
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, 64, &err), KEEL_OK);
+    float *lg = malloc((size_t)n * V * sizeof(float)), *hd = malloc((size_t)n * H * sizeof(float));
+    assert_int_equal(keel_cuda_engine_forward(e, f->tokens, n, lg, KEEL_LOGITS_ALL, hd, &err), KEEL_OK);
+    within_bound("teacher-forced logits vs reference", &f->model, lg, f->logits, f->hidden, n, 2 * c->n_layer + 1);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(keel_argmax(lg + (size_t)i * V, V), keel_argmax(f->logits + (size_t)i * V, V));
+    /* and against the CPU engine */
+    keel_engine ce;
+    assert_int_equal(keel_engine_init(&ce, &f->model, 64, &err), KEEL_OK);
+    float *cl = malloc((size_t)n * V * sizeof(float));
+    assert_int_equal(keel_engine_forward(&ce, f->tokens, n, cl, KEEL_LOGITS_ALL, NULL, &err), KEEL_OK);
+    within_bound("teacher-forced logits vs CPU engine", &f->model, lg, cl, f->hidden, n, 2 * c->n_layer + 1);
+    keel_engine_free(&ce);
+    free(cl);
+    free(lg);
+    free(hd);
+    keel_cuda_engine_free(e);
+}
+
+/* Windows of every size from 1 to 8 rows, and one-token decodes, give the same bits, model and MTP head. */
+static void test_windows_bit_identical(void **state) {
+    fx *f = *state;
+    const keel_config *c = &f->model.cfg;
+    const int n = f->n_tok, V = c->vocab, H = c->hidden;
+    keel_cuda_engine *e = NULL;
+    keel_err err = {0};
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, 64, &err), KEEL_OK);
+    const size_t nl = (size_t)n * V;
+    float *ref = malloc(nl * sizeof(float)), *got = malloc(nl * sizeof(float));
+    float *h = malloc((size_t)n * H * sizeof(float)), *mref = malloc(nl * sizeof(float));
+    float *mgot = malloc(nl * sizeof(float));
+    keel_cuda_engine_set_window(e, 1);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(keel_cuda_engine_forward(e, f->tokens + i, 1, ref + (size_t)i * V, KEEL_LOGITS_LAST,
+                                                  h + (size_t)i * H, &err), KEEL_OK);
+    for (int i = 0; i < n - 1; i++)
+        assert_int_equal(keel_cuda_engine_mtp(e, h + (size_t)i * H, f->tokens + 1 + i, 1, mref + (size_t)i * V, NULL,
+                                              &err), KEEL_OK);
+    for (int w = 2; w <= 8; w++) {
+        keel_cuda_engine_reset(e);
+        keel_cuda_engine_set_window(e, w);
+        memset(got, 0, nl * sizeof(float));
+        assert_int_equal(keel_cuda_engine_forward(e, f->tokens, n, got, KEEL_LOGITS_ALL, NULL, &err), KEEL_OK);
+        assert_memory_equal(got, ref, nl * sizeof(float));
+        assert_int_equal(keel_cuda_engine_mtp(e, h, f->tokens + 1, n - 1, mgot, NULL, &err), KEEL_OK);
+        assert_memory_equal(mgot, mref, (size_t)(n - 1) * V * sizeof(float));
+    }
+    print_message("windows of 1..8 rows: logits and MTP logits bit-identical to one-token steps\n");
+    free(ref), free(got), free(h), free(mref), free(mgot);
+    keel_cuda_engine_free(e);
+}
+
+typedef struct collect {
+    int ids[64];
+    int64_t pos[64];
+    int n;
+} collect;
+
+static int on_token(void *user, int tok, int64_t pos) {
+    collect *c = user;
+    if (c->n < 64) c->ids[c->n] = tok, c->pos[c->n] = pos;
+    c->n++;
+    return 0;
+}
+
+static void test_greedy(void **state) {
+    fx *f = *state;
+    const int n_greedy = 24;
+    const int32_t *want = ref_tensor(f, "greedy_tokens", KEEL_DT_I32, n_greedy);
+    keel_cuda_engine *e = NULL;
+    keel_err err = {0};
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, 128, &err), KEEL_OK);
+    keel_gen_opts o = {.n_predict = n_greedy, .samp = {.temp = 0.0f}};
+    collect got = {0};
+    keel_gen_result res;
+    assert_int_equal(keel_cuda_generate(e, f->tokens, f->prompt_len, &o, on_token, &got, &res, &err), KEEL_OK);
+    assert_int_equal(res.stop, KEEL_STOP_LENGTH);
+    assert_int_equal(got.n, n_greedy);
+    for (int i = 0; i < n_greedy; i++) {
+        assert_int_equal(got.ids[i], want[i]);
+        assert_int_equal(got.pos[i], f->prompt_len + i);
+    }
+    /* the seeded sampler: a replay draws the same tokens; the CPU engine's draws are reported (its logits differ
+     * by the bf16 rounding, so a draw near a boundary of the inverse CDF may differ) */
+    keel_engine ce;
+    assert_int_equal(keel_engine_init(&ce, &f->model, 128, &err), KEEL_OK);
+    keel_gen_opts s = {.n_predict = 16, .samp = {.temp = 0.8f, .top_p = 0.95f, .min_p = 0.0f, .seed = 7}};
+    collect a = {0}, a2 = {0}, b = {0};
+    assert_int_equal(keel_cuda_generate(e, f->tokens, f->prompt_len, &s, on_token, &a, &res, &err), KEEL_OK);
+    assert_int_equal(keel_cuda_generate(e, f->tokens, f->prompt_len, &s, on_token, &a2, &res, &err), KEEL_OK);
+    assert_int_equal(keel_generate(&ce, f->tokens, f->prompt_len, &s, on_token, &b, &res, &err), KEEL_OK);
+    assert_int_equal(a.n, a2.n);
+    assert_memory_equal(a.ids, a2.ids, sizeof a.ids);
+    int same = 0;
+    for (int i = 0; i < a.n && i < b.n; i++) same += a.ids[i] == b.ids[i];
+    print_message("seeded sampling: replay identical; %d of %d tokens equal to the CPU engine's draws\n", same, a.n);
+    keel_engine_free(&ce);
+    keel_cuda_engine_free(e);
+}
+
+static void test_mtp(void **state) {
+    fx *f = *state;
+    const keel_config *c = &f->model.cfg;
+    const int n = f->n_tok - 1, V = c->vocab, H = c->hidden;
+    const float *want = ref_tensor(f, "mtp_logits", KEEL_DT_F32, (int64_t)n * V);
+    const float *want_h = ref_tensor(f, "mtp_hidden", KEEL_DT_F32, (int64_t)n * H);
+    keel_cuda_engine *e = NULL;
+    keel_err err = {0};
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, 64, &err), KEEL_OK);
+    float *hd = malloc((size_t)f->n_tok * H * sizeof(float));
+    assert_int_equal(keel_cuda_engine_forward(e, f->tokens, f->n_tok, NULL, KEEL_LOGITS_NONE, hd, &err), KEEL_OK);
+    float *l = malloc((size_t)n * V * sizeof(float));
+    assert_int_equal(keel_cuda_engine_mtp(e, hd, f->tokens + 1, n, l, NULL, &err), KEEL_OK);
+    within_bound("MTP logits vs reference", &f->model, l, want, want_h, n, 2 * c->n_layer + 1 + 4);
+    int agree = 0;
+    for (int i = 0; i < n; i++) agree += keel_argmax(l + (size_t)i * V, V) == keel_argmax(want + (size_t)i * V, V);
+    print_message("MTP top-1 equal to the reference at %d of %d positions\n", agree, n);
+    assert_int_equal(agree, n);
+    free(l);
+    free(hd);
+    keel_cuda_engine_free(e);
+}
+
+static void test_errors(void **state) {
+    fx *f = *state;
+    keel_cuda_engine *e = NULL;
+    keel_err err = {0};
+    /* a context beyond the model's limit, then one the device cannot hold */
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, f->model.cfg.max_ctx + 1, &err), KEEL_E_RANGE);
+    assert_null(e);
+    const int saved = f->model.cfg.max_ctx;
+    f->model.cfg.max_ctx = 1 << 30;
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, 1 << 30, &err), KEEL_E_NOMEM);
+    f->model.cfg.max_ctx = saved;
+    assert_null(e);
+    print_message("too large: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "does not fit the device"));
+    /* tokens past the context, and outside the vocabulary */
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, 4, &err), KEEL_OK);
+    float *lg = malloc((size_t)f->model.cfg.vocab * sizeof(float));
+    assert_int_equal(keel_cuda_engine_forward(e, f->tokens, 5, lg, KEEL_LOGITS_LAST, NULL, &err), KEEL_E_RANGE);
+    assert_non_null(strstr(err.msg, "context of 4 tokens"));
+    int bad[2] = {1, f->model.cfg.vocab};
+    assert_int_equal(keel_cuda_engine_forward(e, bad, 2, lg, KEEL_LOGITS_LAST, NULL, &err), KEEL_E_RANGE);
+    assert_int_equal(keel_cuda_engine_pos(e), 0);
+    assert_int_equal(keel_cuda_engine_forward(e, f->tokens, 4, lg, KEEL_LOGITS_LAST, NULL, &err), KEEL_OK);
+    assert_int_equal(keel_cuda_engine_forward(e, f->tokens, 1, lg, KEEL_LOGITS_LAST, NULL, &err), KEEL_E_RANGE);
+    free(lg);
+    keel_cuda_engine_free(e);
+    keel_cuda_engine_free(NULL);
+}
+#endif
+
+int main(void) {
+#ifndef KEEL_HAVE_CUDA
+    printf("skip: keel was built without CUDA\n");
+    return 77;
+#else
+    if (keel_cuda_device_count() < 1) {
+        printf("skip: no CUDA device\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_teacher_forced), cmocka_unit_test(test_windows_bit_identical),
+        cmocka_unit_test(test_greedy),         cmocka_unit_test(test_mtp),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+#endif
+}
