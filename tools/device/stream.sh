@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# On the GPU machine: build keel for sm_90, run the CUDA stream-tile tests, the register/spill report and
-# `keel bench stream`; logs go under $OUT. Needs the carried .devdeps (cJSON, PCRE2, cmocka) and .devfix.
+# On the GPU machine: build keel for sm_90, the register/spill report, the CUDA stream-tile tests, `keel bench
+# stream` (BENCH_ARGS) and compute-sanitizer memcheck on the tests (SANITIZE=0 skips); logs go under $OUT.
+# Needs the carried .devdeps (cJSON, PCRE2, cmocka) and .devfix.
 set -uo pipefail
 OUT=${OUT:-/tmp/keel-stream}
 mkdir -p "$OUT"
-. .devdeps/env.sh
+if [[ -f .devdeps/env.sh ]]; then . .devdeps/env.sh; else dpkg -i .devdeps/debs/*.deb >"$OUT/deps.log" 2>&1 || { echo "deps install failed"; tail "$OUT/deps.log"; }; fi
 export KEEL_FIXTURES=${KEEL_FIXTURES:-$PWD/.devfix}
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 t0=$(date +%s)
@@ -15,10 +16,12 @@ fi
 echo "build: $(( $(date +%s) - t0 )) s"
 nvcc -std=c++17 -O3 -arch=sm_90 -Isrc -Xptxas -v -c src/kernels/cuda/stream.cu -o /tmp/stream.o 2>"$OUT/ptxas.log"
 echo "spill check (sm_90): $(grep -c 'stack frame' "$OUT/ptxas.log") functions, $(grep 'stack frame' "$OUT/ptxas.log" | grep -vc '^ *0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads') with a stack frame or spills"
-timeout 240 ./build-dev/tests/kernels_cuda_test_stream_cuda >"$OUT/test.log" 2>&1
-echo "test rc=$? ($(grep -c OK "$OUT/test.log") ok)"; tail -25 "$OUT/test.log"
-timeout 300 ./build-dev/keel bench stream ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
-if [[ ${SANITIZE:-0} == 1 ]] && command -v compute-sanitizer >/dev/null; then
-  timeout 150 compute-sanitizer --tool memcheck ./build-dev/tests/kernels_cuda_test_stream_cuda >"$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log")"
+t1=$(date +%s)
+timeout ${TEST_TIMEOUT:-200} ./build-dev/tests/kernels_cuda_test_stream_cuda >"$OUT/test.log" 2>&1
+echo "test rc=$? ($(grep -c OK "$OUT/test.log") ok, $(( $(date +%s) - t1 )) s)"; grep -E "FAILED|ERROR|error|reference|bound" "$OUT/test.log" | head -20; tail -4 "$OUT/test.log"
+timeout ${BENCH_TIMEOUT:-200} ./build-dev/keel bench stream ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+if [[ ${SANITIZE:-1} == 1 ]] && command -v compute-sanitizer >/dev/null; then
+  t2=$(date +%s)
+  KEEL_TEST_FILTER=${SANITIZE_FILTER:-} timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool memcheck ./build-dev/tests/kernels_cuda_test_stream_cuda >"$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$? ($(( $(date +%s) - t2 )) s): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log")"; grep -m5 -A6 "Invalid" "$OUT/memcheck.log"
 fi

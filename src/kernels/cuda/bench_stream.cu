@@ -168,6 +168,12 @@ void row(const char *name, int bits, int group, int m, double us, double bytes, 
 
 } // namespace
 
+extern "C" const void *keel_cuda_bench_kernel_fn(const char *symbol) {
+    if (symbol && !strcmp(symbol, "fill_kernel")) return (const void *)fill_kernel;
+    if (symbol && !strcmp(symbol, "read_kernel")) return (const void *)read_kernel;
+    return NULL;
+}
+
 extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     if (argc > 1 && !quick) {

@@ -74,6 +74,12 @@ int keel_cuda_stream_splits(int n, int k, int n_items);
 /* `keel bench stream`: the stream tiles against the chip's read bandwidth and cuBLAS (src/kernels/cuda). */
 int keel_cuda_bench_stream(int argc, char **argv);
 
+/* The device function of a __global__ kernel by its audit symbol ("stream_tile<4,false>", "stream_finish",
+ * "relu2_kernel", the benchmark's "fill_kernel" and "read_kernel"), for cudaFuncGetAttributes; NULL if unknown. */
+const void *keel_cuda_kernel_fn(const char *symbol);
+/* The benchmark's kernels only (keel_cuda_kernel_fn asks it for names it does not know). */
+const void *keel_cuda_bench_kernel_fn(const char *symbol);
+
 #ifdef __cplusplus
 }
 #endif

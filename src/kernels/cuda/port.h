@@ -1,5 +1,6 @@
-/* kernels/cuda: CUDA/HIP portability for the .cu sources: runtime names, half types, warp shuffles, the one
- * tensor-core instruction the stream tile uses (with a portable twin), and KEEL_CUDA_CHECK. Wave size 32. */
+/* kernels/cuda: CUDA/HIP portability for the .cu sources: runtime names, half types, warp shuffles, the
+ * tensor-core instruction and the asynchronous copies the stream tile uses (each with a portable twin), and
+ * KEEL_CUDA_CHECK. Wave size 32. */
 #ifndef KEEL_KERNELS_CUDA_PORT_H
 #define KEEL_KERNELS_CUDA_PORT_H
 
@@ -7,7 +8,6 @@
 
 #if defined(__HIPCC__)
 #include <hip/hip_runtime.h>
-#include <hip/hip_bf16.h>
 #include <hip/hip_fp16.h>
 #define cudaError_t hipError_t
 #define cudaSuccess hipSuccess
@@ -27,9 +27,8 @@
 #define cudaGetDevice hipGetDevice
 #define cudaDeviceGetAttribute hipDeviceGetAttribute
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
-#define cudaFuncSetAttribute hipFuncSetAttribute
+#define cudaFuncSetAttribute(f, a, v) hipFuncSetAttribute((const void *)(f), a, v)
 #define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
-typedef __hip_bfloat162 kp_bf162;
 #if defined(__AMDGCN_WAVEFRONT_SIZE)
 static_assert(__AMDGCN_WAVEFRONT_SIZE == 32, "keel kernels assume 32-wide waves (build with -mwavefrontsize32)");
 #endif
@@ -63,6 +62,15 @@ static __device__ __forceinline__ uint32_t kp_shfl(uint32_t v, int src) {
 #endif
 }
 
+/* Butterfly exchange with lane ^ mask. */
+static __device__ __forceinline__ uint32_t kp_shfl_xor(uint32_t v, int mask) {
+#if defined(__HIPCC__)
+    return (uint32_t)__shfl_xor((int)v, mask, 32);
+#else
+    return __shfl_xor_sync(KP_FULL_MASK, v, mask, 32);
+#endif
+}
+
 static __device__ __forceinline__ void kp_syncwarp(void) {
 #if defined(__HIPCC__)
     __builtin_amdgcn_wave_barrier();
@@ -87,8 +95,22 @@ static __device__ __forceinline__ uint32_t kp_ld_stream4(const uint32_t *p) {
 #endif
 }
 
+/* A read-only 4-byte load through the non-coherent cache where the toolchain has one. */
+static __device__ __forceinline__ uint32_t kp_ldg32(const uint32_t *p) {
+#if defined(__HIPCC__)
+    return *p;
+#else
+    return __ldg(p);
+#endif
+}
+
 /* Exact a - b on packed pairs (bf16x2 or f16x2 as raw words); used only on small integers. */
 static __device__ __forceinline__ uint32_t kp_sub_bf16x2(uint32_t a, uint32_t b) {
+#if defined(__HIPCC__) /* hipcc 5.2 has no bf16 pair type: exact in fp32 for these small integers */
+    const float lo = __uint_as_float(a << 16) - __uint_as_float(b << 16);
+    const float hi = __uint_as_float(a & 0xffff0000u) - __uint_as_float(b & 0xffff0000u);
+    return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+#else
     kp_bf162 x, y, r;
     memcpy(&x, &a, 4);
     memcpy(&y, &b, 4);
@@ -96,6 +118,7 @@ static __device__ __forceinline__ uint32_t kp_sub_bf16x2(uint32_t a, uint32_t b)
     uint32_t o;
     memcpy(&o, &r, 4);
     return o;
+#endif
 }
 static __device__ __forceinline__ uint32_t kp_sub_f16x2(uint32_t a, uint32_t b) {
     __half2 x, y, r;
@@ -108,10 +131,14 @@ static __device__ __forceinline__ uint32_t kp_sub_f16x2(uint32_t a, uint32_t b) 
 }
 /* Two floats (exact small integers here) to a bf16x2 word, lo in the low half. */
 static __device__ __forceinline__ uint32_t kp_pack_bf16x2(float lo, float hi) {
+#if defined(__HIPCC__) /* exact: the values are small integers */
+    return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+#else
     kp_bf162 r = __floats2bfloat162_rn(lo, hi);
     uint32_t o;
     memcpy(&o, &r, 4);
     return o;
+#endif
 }
 
 static __device__ __forceinline__ float kp_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
@@ -130,7 +157,40 @@ static __device__ __forceinline__ uint16_t kp_f32_to_bf16(float f) {
 
 #if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define KP_HAVE_MMA 1
+#define KP_HAVE_CP_ASYNC 1
 #endif
+
+/* Asynchronous global -> shared copies (16 bytes bypassing L1, or 4 bytes) in commit groups, sm_80+; the portable
+ * twin copies synchronously, so a wait has nothing left to wait for. */
+static __device__ __forceinline__ void kp_cp_async16(void *smem, const void *gmem) {
+#if defined(KP_HAVE_CP_ASYNC)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem)
+                 : "memory");
+#else
+    *(uint4 *)smem = *(const uint4 *)gmem;
+#endif
+}
+static __device__ __forceinline__ void kp_cp_async4(void *smem, const void *gmem) {
+#if defined(KP_HAVE_CP_ASYNC)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem)
+                 : "memory");
+#else
+    *(uint32_t *)smem = *(const uint32_t *)gmem;
+#endif
+}
+static __device__ __forceinline__ void kp_cp_commit(void) {
+#if defined(KP_HAVE_CP_ASYNC)
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/* Waits until at most N of this thread's committed groups are still in flight. */
+template <int N> static __device__ __forceinline__ void kp_cp_wait(void) {
+#if defined(KP_HAVE_CP_ASYNC)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
 
 /* D += A(16x16) * B(16x8), A row-major, B column-major, fp32 accumulate; fragments as in PTX m16n8k16. XF16
  * selects f16 operands, else bf16. The portable twin gathers the operands with shuffles and sums in order. */

@@ -459,6 +459,107 @@ static void test_routed(void **state) {
     }
 }
 
+
+/* Copies of W, scales, biases and x at misaligned device addresses: the 4-byte code copies and the synchronous
+ * scale loads must give the same bits as the aligned launch. */
+static void test_unaligned(void **state) {
+    (void)state;
+    const int bits_list[] = {3, 4, 8};
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(bits_list); bi++) {
+        qm q;
+        qm_make(&q, 50, 384, bits_list[bi], 64, KEEL_DT_BF16);
+        const int m = 3;
+        void *dx;
+        uint16_t *x = make_x(m, q.k, KEEL_DT_BF16, &dx);
+        float *y = check_plain(&q, x, dx, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_NONE);
+        size_t cw = (size_t)q.n * keel_quant_row_words(q.k, q.bits) * 4, sb = (size_t)q.n * (q.k / q.group) * 2;
+        uint8_t *w2 = keel_cuda_malloc(cw + 16), *s2 = keel_cuda_malloc(sb + 16), *b2 = keel_cuda_malloc(sb + 16);
+        uint8_t *x2 = keel_cuda_malloc((size_t)m * q.k * 2 + 16);
+        keel_cuda_upload(w2 + 4, q.codes, cw);
+        keel_cuda_upload(s2 + 2, q.scales, sb);
+        keel_cuda_upload(b2 + 2, q.biases, sb);
+        keel_cuda_upload(x2 + 4, x, (size_t)m * q.k * 2);
+        keel_cuda_qw d = q.d;
+        d.w = (const uint32_t *)(w2 + 4);
+        d.scales = s2 + 2;
+        d.biases = b2 + 2;
+        float *dy = keel_cuda_malloc((size_t)m * q.n * 4), *y2 = keel_xmalloc((size_t)m * q.n * 4);
+        keel_cuda_memset(dy, 0xff, (size_t)m * q.n * 4);
+        keel_cuda_stream_matmul(&d, x2 + 4, KEEL_DT_BF16, m, dy, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+        keel_cuda_download(y2, dy, (size_t)m * q.n * 4);
+        assert_memory_equal(y, y2, (size_t)m * q.n * 4);
+        keel_cuda_free(w2);
+        keel_cuda_free(s2);
+        keel_cuda_free(b2);
+        keel_cuda_free(x2);
+        keel_cuda_free(dy);
+        keel_cuda_free(dx);
+        free(y);
+        free(y2);
+        free(x);
+        qm_free(&q);
+    }
+}
+
+/* Enough rows that k is not split, and k long enough for several x-chunks (at m = 1 and m = 8): every output
+ * written, sampled rows against float64, and row 5 of the 8-row launch equal to its 1-row launch. */
+static void test_long_chunks(void **state) {
+    (void)state;
+    const int bits_list[] = {4, 5};
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(bits_list); bi++) {
+        qm q;
+        qm_make(&q, 14000, 8448, bits_list[bi], 64, KEEL_DT_BF16);
+        assert_int_equal(keel_cuda_stream_splits(q.n, q.k, 1), 1);
+        const int m = 8, n = q.n;
+        void *dx;
+        uint16_t *x = make_x(m, q.k, KEEL_DT_BF16, &dx);
+        float *dy = keel_cuda_malloc((size_t)m * n * 4), *y = keel_xmalloc((size_t)m * n * 4);
+        float *y1 = keel_xmalloc((size_t)n * 4);
+        keel_cuda_memset(dy, 0xff, (size_t)m * n * 4);
+        keel_cuda_stream_matmul(&q.d, dx, KEEL_DT_BF16, m, dy, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+        keel_cuda_download(y, dy, (size_t)m * n * 4);
+        for (size_t i = 0; i < (size_t)m * n; i++) assert_true(isfinite(y[i]));
+        for (int j = 0; j < n; j += (j < n - 70 ? 97 : 1))
+            for (int r = 0; r < m; r++) {
+                double mag, ref = ref_dot(&q, x, KEEL_DT_BF16, r, j, &mag), got = y[(size_t)r * n + j];
+                if (!(fabs(got - ref) <= bound(q.k, mag, ref, false))) {
+                    print_error("bits %d long k: y[%d][%d] = %.9g, reference %.9g\n", q.bits, r, j, got, ref);
+                    fail();
+                }
+            }
+        keel_cuda_memset(dy, 0xff, (size_t)n * 4);
+        keel_cuda_stream_matmul(&q.d, (uint16_t *)dx + (size_t)5 * q.k, KEEL_DT_BF16, 1, dy, KEEL_DT_F32,
+                                KEEL_EPI_NONE, NULL);
+        keel_cuda_download(y1, dy, (size_t)n * 4);
+        assert_memory_equal(y1, y + (size_t)5 * n, (size_t)n * 4);
+        keel_cuda_free(dy);
+        keel_cuda_free(dx);
+        free(x);
+        free(y);
+        free(y1);
+        qm_free(&q);
+    }
+}
+
+/* The kernel lookup the gate-5 live check uses: every launched kernel by its audit name, NULL otherwise. */
+static void test_kernel_fn(void **state) {
+    (void)state;
+    const char *names[] = {"stream_tile<2,false>", "stream_tile<3,false>", "stream_tile<4,false>",
+                           "stream_tile<5,false>", "stream_tile<6,false>", "stream_tile<8,false>",
+                           "stream_tile<2,true>",  "stream_tile<3,true>",  "stream_tile<4,true>",
+                           "stream_tile<5,true>",  "stream_tile<6,true>",  "stream_tile<8,true>",
+                           "stream_finish",        "relu2_kernel",         "fill_kernel",
+                           "read_kernel"};
+    const void *fn[KEEL_ARRAY_LEN(names)];
+    for (size_t i = 0; i < KEEL_ARRAY_LEN(names); i++) {
+        fn[i] = keel_cuda_kernel_fn(names[i]);
+        assert_non_null(fn[i]);
+        for (size_t j = 0; j < i; j++) assert_ptr_not_equal(fn[i], fn[j]);
+    }
+    assert_null(keel_cuda_kernel_fn("stream_tile<7,false>"));
+    assert_null(keel_cuda_kernel_fn(NULL));
+}
+
 int main(void) {
     if (keel_cuda_device_count() < 1) {
         printf("skip: no CUDA device on this machine\n");
@@ -470,7 +571,12 @@ int main(void) {
         cmocka_unit_test(test_edges),
         cmocka_unit_test(test_bits_equal),
         cmocka_unit_test(test_routed),
+        cmocka_unit_test(test_unaligned),
+        cmocka_unit_test(test_long_chunks),
+        cmocka_unit_test(test_kernel_fn),
     };
+    const char *filter = getenv("KEEL_TEST_FILTER"); /* opt-in subset (e.g. under compute-sanitizer) */
+    if (filter && *filter) cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 #else
