@@ -207,10 +207,10 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     printf("%-14s %2s %4s %2s %10s %9s %7s %10s %8s\n", "shape", "b", "grp", "m", "us", "GB/s", "%read", "cublas_us",
            "vs_cublas");
 
-    const Shape shapes[] = {{"in_proj", 10304, 2688}, {"out_proj", 2688, 4096}, {"q_proj", 4096, 2688},
-                            {"k_proj", 256, 2688},    {"v_proj", 256, 2688},    {"o_proj", 2688, 4096},
-                            {"shared_up", 3712, 2688}, {"shared_down", 2688, 3712}, {"lm_head", 131072, 2688},
-                            {"square16k", 16384, 16384}};
+    const Shape shapes[] = {{"lm_head", 131072, 2688}, {"square16k", 16384, 16384}, {"in_proj", 10304, 2688},
+                            {"out_proj", 2688, 4096}, {"q_proj", 4096, 2688},       {"k_proj", 256, 2688},
+                            {"v_proj", 256, 2688},    {"o_proj", 2688, 4096},       {"shared_up", 3712, 2688},
+                            {"shared_down", 2688, 3712}};
     const int bits_list[] = {2, 3, 4, 5, 6, 8};
     const int ms[] = {1, 8};
     void *x = keel_cuda_malloc((size_t)8 * 16384 * 2);
