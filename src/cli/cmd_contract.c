@@ -50,7 +50,11 @@ static bool find_known(char *out, size_t cap) {
 }
 
 static const char *family_label(const keel_contract_reg *r) {
-    return r->family == KEEL_CF_STREAM ? "stream" : r->family == KEEL_CF_FLOAT ? "stream-float" : "relu2";
+    return r->family == KEEL_CF_STREAM        ? "stream"
+           : r->family == KEEL_CF_FLOAT       ? "stream-float"
+           : r->family == KEEL_CF_ROUTED_UP   ? "routed-up"
+           : r->family == KEEL_CF_ROUTED_DOWN ? "routed-down"
+                                              : "relu2";
 }
 
 static void list_table(const keel_contract_table *t, const char *filter_unused) {

@@ -37,6 +37,8 @@ typedef enum keel_contract_family {
     KEEL_CF_STREAM = 0, /* quantized stream tile: y (m, n) = epi(x (m, k) . dequant(W)^T) */
     KEEL_CF_FLOAT,      /* the same entry on a float matrix (BF16, F16, F32 weights) */
     KEEL_CF_RELU2,      /* y[i] = relu(y[i])^2 in place */
+    KEEL_CF_ROUTED_UP,  /* routed fc1: h[i] (m, n) rows in item i's mask = epi(x . W[expert i]^T) (cuda_routed.c) */
+    KEEL_CF_ROUTED_DOWN,/* routed fc2: y[r] = sum over items in list order of w[i][r] * (h[i][r] . W[expert i]^T) */
     KEEL_CF_COUNT
 } keel_contract_family;
 
@@ -47,10 +49,22 @@ typedef struct keel_contract_args {
     void *y;
     int m;
     size_t count; /* elementwise kernels: elements of y */
+    /* Routed kernels: W holds the experts stacked (E*n rows); items and weights are backend pointers. */
+    const void *items;    /* n_items {int32 expert, uint32 token mask} in list order */
+    const float *weights; /* [item][8] routing weights (fc2) */
+    int n_items;
 } keel_contract_args;
 
 struct keel_contract_reg;
+struct keel_contract_table;
+struct keel_contract_result;
 typedef void (*keel_contract_launch_fn)(const struct keel_contract_reg *reg, const keel_contract_args *a);
+
+/* The arithmetic gate 3's bound is derived from (docs/kernel-contract.md, gate 3). */
+typedef enum keel_contract_arith {
+    KEEL_CA_FP32_LANES = 0, /* CPU: fp32 fma lanes, group sums, a lane reduction (rounding to nearest) */
+    KEEL_CA_MMA,            /* tensor cores: exact products summed 16 at a time in fp32 (truncating), fp32 epilogue */
+} keel_contract_arith;
 
 /* A planted control: a compiled twin of the kernel with one fault, and the gate at which it must go red. */
 typedef struct keel_contract_control {
@@ -87,6 +101,12 @@ typedef struct keel_contract_reg {
     keel_contract_control controls[KEEL_CONTRACT_MAX_CONTROLS];
     /* Gate 1: the symbol exists for this chip, and the launch configuration fits its limits (false with a reason). */
     bool (*available)(const struct keel_contract_reg *reg, char *why, size_t cap);
+    keel_contract_arith arith;
+    int experts; /* routed kernels: experts stacked in W */
+    int (*splits)(int n, int k, int n_items); /* the k-split a launch of this shape uses (NULL: never splits) */
+    /* Families gates.c does not know (routed kernels) bring their own gates 1-4 (same contract as keel_contract_run). */
+    void (*run)(const struct keel_contract_table *t, const struct keel_contract_reg *reg,
+                keel_contract_launch_fn launch, int max_gate, struct keel_contract_result *res);
 } keel_contract_reg;
 
 /* A table of registrations (owned array). */
@@ -131,6 +151,13 @@ typedef struct keel_contract_result {
     int first_red;                       /* 0: passed gates 1-4; else the first gate that failed */
     keel_contract_gate_result gate[5];   /* index 1..4 */
 } keel_contract_result;
+
+/* Gates 1-4 of a routed registration (cuda_routed.c, the `run` of the CUDA routed tiles; backend-neutral). */
+void keel_contract_run_routed(const keel_contract_table *t, const keel_contract_reg *reg,
+                              keel_contract_launch_fn launch, int max_gate, keel_contract_result *res);
+
+/* Gate 3: roundings (units of 2^-24 of the summed magnitudes) a term of a tensor-core stream tile passes. */
+int keel_contract_mma_roundings(int group, int k, int splits);
 
 /* Runs gates 1..max_gate on reg, launching `launch` (reg->launch, or a twin); stops at the first red gate. */
 void keel_contract_run(const keel_contract_table *t, const keel_contract_reg *reg, keel_contract_launch_fn launch,

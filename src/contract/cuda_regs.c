@@ -1,6 +1,11 @@
-/* contract: the CUDA backend's hooks (device buffers through src/kernels/cuda) and its registration table.
- * The table is empty until the CUDA stream tiles' launchers are registered here: each gets a launch function
- * taking device pointers from keel_contract_args, its edge shapes and its controls, as cpu_regs.c does.
+/* contract: the CUDA backend (device buffers from a pool, src/contract/cuda_hooks.cu) and the table of every CUDA
+ * kernel keel launches (src/kernels/cuda/cuda.h):
+ *   keel_cuda_stream_matmul: width {2,3,4,5,6,8} x group {32,64,128} x scale dtype {BF16,F16,F32} x activation
+ *     {BF16,F16} x output {F32,BF16} x epilogue {none,relu2}; each serves m = 1..8 and is run at every m;
+ *   keel_cuda_relu2: F32 and BF16;
+ *   keel_cuda_stream_experts_up (fused relu2, and plain) and keel_cuda_stream_experts_down: every width and group,
+ *     BF16 scales, both activations and outputs, with what they replace (cuda_routed.c runs their gates).
+ * Controls come from one twin of stream.cu (twin_cuda_stream.cu) with one fault armed per launch.
  */
 #include <stdio.h>
 #include <string.h>
@@ -8,27 +13,21 @@
 #include "contract.h"
 
 #if defined(KEEL_HAVE_CUDA)
-#include "../kernels/cuda/cuda.h"
+#include "cuda_twin.h"
 #endif
 
 /* Launch entry points the CUDA table registers (checked against launch sites in every build). */
-const char *const keel_contract_cuda_entries[] = {NULL};
+const char *const keel_contract_cuda_entries[] = {"keel_cuda_stream_matmul", "keel_cuda_relu2",
+                                                  "keel_cuda_stream_experts_up", "keel_cuda_stream_experts_down",
+                                                  NULL};
 
 #if defined(KEEL_HAVE_CUDA)
 
-static void *cuda_alloc(size_t bytes) { return keel_cuda_malloc(bytes ? bytes : 1); }
-static void cuda_release(void *p) { keel_cuda_free(p); }
-static void cuda_upload(void *dst, const void *src, size_t bytes) { keel_cuda_upload(dst, src, bytes); }
-static void cuda_download(void *dst, const void *src, size_t bytes) { keel_cuda_download(dst, src, bytes); }
-/* keel_cuda_sync aborts on a device error (KEEL_CUDA_CHECK), so returning from it means the launch reported none. */
-static bool cuda_sync(char *why, size_t cap) {
-    (void)why, (void)cap;
-    keel_cuda_sync();
-    return true;
-}
+static bool cuda_sync(char *why, size_t cap) { return keel_contract_cuda_sync(why, cap); }
 
-static keel_contract_backend g_cuda = {.name = "cuda", .alloc = cuda_alloc, .release = cuda_release,
-                                       .upload = cuda_upload, .download = cuda_download, .sync = cuda_sync};
+static keel_contract_backend g_cuda = {.name = "cuda", .alloc = keel_contract_cuda_alloc,
+                                       .release = keel_contract_cuda_release, .upload = keel_contract_cuda_upload,
+                                       .download = keel_contract_cuda_download, .sync = cuda_sync};
 
 const keel_contract_backend *keel_contract_cuda_backend(char *why, size_t cap) {
     if (keel_cuda_device_count() < 1) {
@@ -48,9 +47,196 @@ const keel_contract_backend *keel_contract_cuda_backend(char *why, size_t cap) {
     return &g_cuda;
 }
 
+/* ---- launches ---------------------------------------------------------------------------------------- */
+
+/* The registration's matrix as the launchers take it; routed: experts stacked, n rows each. */
+static keel_cuda_qw qw_of(const keel_contract_reg *reg, const keel_contract_args *a) {
+    const int E = reg->experts > 0 ? reg->experts : 1, n = a->W.n / E;
+    return (keel_cuda_qw){.w = a->W.w, .scales = a->W.scales, .biases = a->W.biases, .n = n, .k = a->W.k,
+                          .bits = a->W.bits, .group = a->W.group, .sdt = a->W.sdt,
+                          .expert_words = E > 1 ? (int64_t)n * (int64_t)keel_quant_row_words(a->W.k, a->W.bits) : 0,
+                          .expert_groups = E > 1 ? (int64_t)n * (a->W.k / a->W.group) : 0};
+}
+
+static void launch_stream(const keel_contract_reg *reg, const keel_contract_args *a) {
+    const keel_cuda_qw w = qw_of(reg, a);
+    keel_cuda_stream_matmul(&w, a->x, reg->xdt, a->m, a->y, reg->ydt, reg->epi, NULL);
+}
+static void launch_relu2(const keel_contract_reg *reg, const keel_contract_args *a) {
+    keel_cuda_relu2(a->y, reg->ydt, a->count, NULL);
+}
+static void launch_up(const keel_contract_reg *reg, const keel_contract_args *a) {
+    const keel_cuda_qw w = qw_of(reg, a);
+    keel_cuda_stream_experts_up(&w, a->x, reg->xdt, a->m, (const keel_cuda_route *)a->items, a->n_items, a->y,
+                                reg->ydt, reg->epi, NULL);
+}
+static void launch_down(const keel_contract_reg *reg, const keel_contract_args *a) {
+    const keel_cuda_qw w = qw_of(reg, a);
+    keel_cuda_stream_experts_down(&w, a->x, reg->xdt, a->m, (const keel_cuda_route *)a->items, a->weights,
+                                  a->n_items, a->y, reg->ydt, NULL);
+}
+
+/* The twin with one fault armed, launched as the kernel would be. */
+static void twin_launch(int fault, const keel_contract_reg *reg, const keel_contract_args *a) {
+    keel_contract_cuda_twin_arm(fault);
+    const keel_cuda_qw w = qw_of(reg, a);
+    switch (reg->family) {
+    case KEEL_CF_STREAM:
+        keel_contract_twin_cuda_stream_matmul(&w, a->x, reg->xdt, a->m, a->y, reg->ydt, reg->epi, NULL);
+        break;
+    case KEEL_CF_RELU2: keel_contract_twin_cuda_relu2(a->y, reg->ydt, a->count, NULL); break;
+    case KEEL_CF_ROUTED_UP:
+        keel_contract_twin_cuda_stream_experts_up(&w, a->x, reg->xdt, a->m, (const keel_cuda_route *)a->items,
+                                                  a->n_items, a->y, reg->ydt, reg->epi, NULL);
+        break;
+    case KEEL_CF_ROUTED_DOWN:
+        keel_contract_twin_cuda_stream_experts_down(&w, a->x, reg->xdt, a->m, (const keel_cuda_route *)a->items,
+                                                    a->weights, a->n_items, a->y, reg->ydt, NULL);
+        break;
+    default: KEEL_ASSERTF(false, "no CUDA twin for family %d", (int)reg->family);
+    }
+    keel_contract_cuda_twin_arm(KEEL_CONTRACT_PLANT_NONE);
+}
+static void twin_width4(const keel_contract_reg *r, const keel_contract_args *a) { twin_launch(KEEL_CONTRACT_PLANT_WIDTH4, r, a); }
+static void twin_nobias(const keel_contract_reg *r, const keel_contract_args *a) { twin_launch(KEEL_CONTRACT_PLANT_NOBIAS, r, a); }
+static void twin_pastend(const keel_contract_reg *r, const keel_contract_args *a) { twin_launch(KEEL_CONTRACT_PLANT_PASTEND, r, a); }
+static void twin_epiorder(const keel_contract_reg *r, const keel_contract_args *a) { twin_launch(KEEL_CONTRACT_PLANT_EPIORDER, r, a); }
+static void twin_rowleak(const keel_contract_reg *r, const keel_contract_args *a) { twin_launch(KEEL_CONTRACT_PLANT_ROWLEAK, r, a); }
+
+/* Gate 1: the tile has an image for this device and fits its limits; a registration that claims a k-split shape
+ * must really split here (else its coverage claim is false on this chip). */
+static bool tile_available(const keel_contract_reg *reg, char *why, size_t cap) {
+    if (!keel_contract_cuda_probe(reg->bits, reg->xdt == KEEL_DT_F16, why, cap)) return false;
+    const keel_contract_shape *s = &reg->shapes[reg->n_shapes - 1];
+    if (keel_cuda_stream_splits(s->n, s->k, 1) < 2) {
+        snprintf(why, cap, "its k-split shape n=%d k=%d does not split on this device", s->n, s->k);
+        return false;
+    }
+    return true;
+}
+
+/* ---- the table --------------------------------------------------------------------------------------- */
+
+static void add_control(keel_contract_reg *r, const char *name, int gate, keel_contract_launch_fn twin) {
+    KEEL_ASSERT(r->n_controls < KEEL_CONTRACT_MAX_CONTROLS);
+    r->controls[r->n_controls++] = (keel_contract_control){.name = name, .gate = gate, .twin = twin};
+}
+
+static const char *dt_tag(keel_dtype dt) { return dt == KEEL_DT_BF16 ? "bf16" : dt == KEEL_DT_F16 ? "f16" : "f32"; }
+
+static void stream_name(char *out, size_t cap, const char *family, int bits, int group, keel_dtype sdt,
+                        keel_dtype xdt, keel_dtype ydt, keel_epilogue epi) {
+    snprintf(out, cap, "cuda/mma/%s/q%dg%d/%s/x%s-y%s/%s", family, bits, group, dt_tag(sdt), dt_tag(xdt),
+             dt_tag(ydt), epi == KEEL_EPI_RELU2 ? "relu2" : "none");
+}
+
+static const int BITS[] = {2, 3, 4, 5, 6, 8};
+static const int GROUPS[] = {32, 64, 128};
+static const keel_dtype SDTS[] = {KEEL_DT_BF16, KEEL_DT_F16, KEEL_DT_F32};
+static const keel_dtype XDTS[] = {KEEL_DT_BF16, KEEL_DT_F16};
+static const keel_dtype YDTS[] = {KEEL_DT_F32, KEEL_DT_BF16};
+#define KSPLIT_K 2176 /* 17 groups of 128: the k-split shape (a multiple of every group) */
+#define EXPERTS 4     /* routed registrations: experts stacked in W, two per token */
+
+/* Fields every tile registration (plain or routed) shares; the controls every tile gets. */
+static keel_contract_reg *add_tile(keel_contract_table *t, keel_contract_family fam, int bits, int G, keel_dtype sdt,
+                                   keel_dtype xdt, keel_dtype ydt, keel_epilogue epi) {
+    keel_contract_reg *r = keel_contract_table_add(t);
+    r->be = &g_cuda;
+    r->path = "mma";
+    r->family = fam;
+    r->bits = bits, r->group = G, r->sdt = sdt, r->xdt = xdt, r->ydt = ydt, r->epi = epi;
+    r->rows_min = 1;
+    r->rows_max = KEEL_CUDA_STREAM_MAX_ROWS;
+    r->tile_rows = 64; /* a block: 4 warps x 16 rows of W (the mma m side) */
+    r->tile_cols = KEEL_CUDA_STREAM_MAX_ROWS; /* the 8 activation rows (the mma n side) */
+    r->arith = KEEL_CA_MMA;
+    r->splits = keel_cuda_stream_splits;
+    r->available = tile_available;
+    /* smallest; k of one group, odd n; n past a 64-row block, two groups; the k-split shape */
+    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 1, .k = G, .m_lo = 1, .m_hi = 1};
+    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 5, .k = G, .m_lo = 1, .m_hi = 8};
+    if (fam == KEEL_CF_STREAM) r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 67, .k = 2 * G, .m_lo = 1, .m_hi = 8};
+    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 9, .k = KSPLIT_K, .m_lo = 1, .m_hi = 8};
+    add_control(r, "write-past-end", 2, twin_pastend);
+    add_control(r, "bias-dropped", 3, twin_nobias);
+    if (bits > 4) add_control(r, "width-as-4", 3, twin_width4);
+    /* fc2 with a bf16 output: a leak visible through bf16 rounding can pass the bound where the items cancel */
+    if (!(fam == KEEL_CF_ROUTED_DOWN && ydt == KEEL_DT_BF16)) add_control(r, "row-leak", 4, twin_rowleak);
+    /* fused relu2 against a sequence compared bit for bit (fp32 output): its order is what gate 4 pins */
+    if (epi == KEEL_EPI_RELU2 && ydt == KEEL_DT_F32) add_control(r, "epilogue-order", 4, twin_epiorder);
+    return r;
+}
+
 int keel_contract_register_cuda(keel_contract_table *t) {
-    (void)t;
-    return 0;
+    const int before = t->n;
+    for (size_t yi = 0; yi < KEEL_ARRAY_LEN(YDTS); yi++) {
+        keel_contract_reg *r = keel_contract_table_add(t);
+        snprintf(r->name, sizeof r->name, "cuda/elementwise/relu2/%s", dt_tag(YDTS[yi]));
+        r->be = &g_cuda;
+        r->entry = "keel_cuda_relu2";
+        r->path = "elementwise";
+        r->family = KEEL_CF_RELU2;
+        r->xdt = r->ydt = r->sdt = YDTS[yi];
+        r->rows_min = r->rows_max = 1;
+        r->tile_rows = 256, r->tile_cols = 1; /* a block of 256 threads, grid-stride */
+        r->n_shapes = 3;
+        r->shapes[0] = (keel_contract_shape){.n = 1, .m_lo = 1, .m_hi = 1};
+        r->shapes[1] = (keel_contract_shape){.n = 7, .m_lo = 1, .m_hi = 1};
+        r->shapes[2] = (keel_contract_shape){.n = 300, .m_lo = 1, .m_hi = 1}; /* more than one block */
+        r->launch = launch_relu2;
+        add_control(r, "write-past-end", 2, twin_pastend);
+    }
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(BITS); bi++)
+        for (size_t gi = 0; gi < KEEL_ARRAY_LEN(GROUPS); gi++)
+            for (size_t si = 0; si < KEEL_ARRAY_LEN(SDTS); si++)
+                for (size_t xi = 0; xi < KEEL_ARRAY_LEN(XDTS); xi++)
+                    for (size_t yi = 0; yi < KEEL_ARRAY_LEN(YDTS); yi++)
+                        for (int e = 0; e < 2; e++) {
+                            const keel_epilogue epi = e ? KEEL_EPI_RELU2 : KEEL_EPI_NONE;
+                            keel_contract_reg *r = add_tile(t, KEEL_CF_STREAM, BITS[bi], GROUPS[gi], SDTS[si], XDTS[xi],
+                                                            YDTS[yi], epi);
+                            r->entry = "keel_cuda_stream_matmul";
+                            r->launch = launch_stream;
+                            stream_name(r->name, sizeof r->name, "stream", r->bits, r->group, r->sdt, r->xdt, r->ydt,
+                                        epi);
+                            if (epi == KEEL_EPI_RELU2) { /* the plain tile of the same variant, then relu2 */
+                                r->n_replaces = 2;
+                                stream_name(r->replaces[0], sizeof r->replaces[0], "stream", r->bits, r->group, r->sdt,
+                                            r->xdt, r->ydt, KEEL_EPI_NONE);
+                                snprintf(r->replaces[1], sizeof r->replaces[1], "cuda/elementwise/relu2/%s",
+                                         dt_tag(r->ydt));
+                                /* fp32: relu2 of the same fp32 value; bf16: the sequence rounds before squaring */
+                                r->same_order = r->ydt == KEEL_DT_F32;
+                            }
+                        }
+    /* Routed tiles: BF16 scales (the scale load is the plain tile's code, covered above for every dtype). */
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(BITS); bi++)
+        for (size_t gi = 0; gi < KEEL_ARRAY_LEN(GROUPS); gi++)
+            for (size_t xi = 0; xi < KEEL_ARRAY_LEN(XDTS); xi++)
+                for (size_t yi = 0; yi < KEEL_ARRAY_LEN(YDTS); yi++)
+                    for (int kind = 0; kind < 3; kind++) { /* fc1 fused relu2, fc1 plain (group 64 only), fc2 */
+                        if (kind == 1 && GROUPS[gi] != 64) continue;
+                        const keel_contract_family fam = kind < 2 ? KEEL_CF_ROUTED_UP : KEEL_CF_ROUTED_DOWN;
+                        const keel_epilogue epi = kind == 0 ? KEEL_EPI_RELU2 : KEEL_EPI_NONE;
+                        keel_contract_reg *r = add_tile(t, fam, BITS[bi], GROUPS[gi], KEEL_DT_BF16, XDTS[xi], YDTS[yi],
+                                                        epi);
+                        r->experts = EXPERTS;
+                        r->run = keel_contract_run_routed;
+                        r->entry = fam == KEEL_CF_ROUTED_UP ? "keel_cuda_stream_experts_up" : "keel_cuda_stream_experts_down";
+                        r->launch = fam == KEEL_CF_ROUTED_UP ? launch_up : launch_down;
+                        stream_name(r->name, sizeof r->name, fam == KEEL_CF_ROUTED_UP ? "routed-up" : "routed-down",
+                                    r->bits, r->group, r->sdt, r->xdt, r->ydt, epi);
+                        /* per item the plain tile (fc2: fp32 out, then the weighted sum), fused fc1 then relu2 */
+                        r->n_replaces = epi == KEEL_EPI_RELU2 ? 2 : 1;
+                        stream_name(r->replaces[0], sizeof r->replaces[0], "stream", r->bits, r->group, r->sdt, r->xdt,
+                                    fam == KEEL_CF_ROUTED_DOWN ? KEEL_DT_F32 : r->ydt, KEEL_EPI_NONE);
+                        if (epi == KEEL_EPI_RELU2)
+                            snprintf(r->replaces[1], sizeof r->replaces[1], "cuda/elementwise/relu2/%s", dt_tag(r->ydt));
+                        /* bit for bit on every shape whose k-split both sides share (cuda_routed.c checks per shape) */
+                        r->same_order = !(epi == KEEL_EPI_RELU2 && r->ydt != KEEL_DT_F32);
+                    }
+    return t->n - before;
 }
 
 #else

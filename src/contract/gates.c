@@ -69,13 +69,13 @@ static hcase gen_case(const keel_contract_reg *reg, int n, int k, int m, dist d,
     rng r = {.s = 0x9e3779b97f4a7c15ull ^ (seed * 0x2545f4914f6cdd1dull + (uint64_t)d * 977u + 1u)};
     for (int i = 0; i < 4; i++) rnext(&r);
     const double mag = d == D_LARGE ? 1000.0 : 1.0;
-    if (reg->family == KEEL_CF_RELU2) {
-        h.y0 = keel_xmalloc((size_t)n * sizeof(float) + 1);
+    if (reg->family == KEEL_CF_RELU2) { /* y0 in the kernel's dtype (F32, or BF16 on the GPU) */
+        h.y0 = keel_xmalloc((size_t)n * keel_dtype_size(reg->ydt) + 1);
         for (int i = 0; i < n; i++) {
             double v = mag * rnorm(&r);
             if (d == D_NEGGROUPS && (i / 4) % 2 == 1) v = -fabs(v);
             if (d == D_ZERORANGE && i % 3 == 0) v = 0.0;
-            ((float *)h.y0)[i] = (float)v;
+            keel_dtype_set_f32(reg->ydt, h.y0, (size_t)i, (float)v);
         }
         return h;
     }
@@ -145,9 +145,9 @@ static double out_unit(keel_dtype dt) { return dt == KEEL_DT_BF16 ? 0x1p-8 : dt 
 static void reference(const keel_contract_reg *reg, const hcase *h, double *ref, double *bound) {
     if (reg->family == KEEL_CF_RELU2) {
         for (int i = 0; i < h->n; i++) {
-            const double v = ((const float *)h->y0)[i], r = v > 0 ? v * v : 0.0;
+            const double v = keel_dtype_get_f32(reg->ydt, h->y0, (size_t)i), r = v > 0 ? v * v : 0.0;
             ref[i] = r;
-            bound[i] = U32 * r + 1e-44;
+            bound[i] = U32 * r + out_unit(reg->ydt) * r * (1 + U32) + 1e-44;
         }
         return;
     }
@@ -175,10 +175,14 @@ static void reference(const keel_contract_reg *reg, const hcase *h, double *ref,
                     acc += x * (sq + b);
                     A += fabs(x) * (fabs(sq) + fabs(b));
                 }
-                L = reg->group / 8 + ng + 4;
+                L = reg->arith == KEEL_CA_MMA
+                        ? keel_contract_mma_roundings(reg->group, k, reg->splits ? reg->splits(n, k, 1) : 1)
+                        : reg->group / 8 + ng + 4;
             }
             double e = 1.01 * L * U32 * A + 1e-30;
             if (reg->epi == KEEL_EPI_RELU2) {
+                /* compared within the bound with a sequence that stores y before squaring: that rounding too */
+                if (reg->n_replaces > 0 && !reg->same_order) e += out_unit(reg->ydt) * (fabs(acc) + e);
                 const double r = acc > 0 ? acc : 0;
                 e = e * (2 * r + e) + U32 * (r + e) * (r + e);
                 acc = r * r;
@@ -188,6 +192,13 @@ static void reference(const keel_contract_reg *reg, const hcase *h, double *ref,
             bound[(size_t)i * n + j] = e;
         }
 }
+
+/* Roundings each term of a tensor-core stream tile passes (docs/kernel-contract.md, gate 3), in units of 2^-24:
+ * 9*G/8 in its group's mma chains (G/32 chained mma per accumulator, each aligning 17 addends to the largest and
+ * normalizing, each step truncating by at most one fp32 ulp, 2^-23, of the largest: 18 ulps per mma; the bias
+ * term's G-long sum of x is less), 4 for S0+S1, the scale product, the bias fma and a spare, ng - 1 group adds,
+ * and one per k-split slice (the partials added in slice order). */
+int keel_contract_mma_roundings(int group, int k, int splits) { return 9 * group / 8 + k / group + splits + 4; }
 
 /* ---- guarded launches ------------------------------------------------------------------------------ */
 
@@ -412,16 +423,17 @@ static void gate4_rows(const keel_contract_reg *reg, keel_contract_launch_fn lau
     size_t at;
     const keel_contract_shape *s = &reg->shapes[reg->n_shapes - 1];
     if (reg->family == KEEL_CF_RELU2) {
+        const size_t es = keel_dtype_size(reg->ydt);
         hcase h = gen_case(reg, s->n, 0, 1, D_NORMAL, 4242);
-        float *y = ybuf(reg, (size_t)s->n), *ys = ybuf(reg, (size_t)s->n);
+        uint8_t *y = ybuf(reg, (size_t)s->n), *ys = ybuf(reg, (size_t)s->n);
         launch_case(reg, launch, &h, y, false, why, sizeof why);
         const int cuts[3][2] = {{0, 1}, {1, s->n}, {s->n / 2, s->n}};
         for (int c = 0; c < 3 && gr->pass; c++) {
             hcase p = {.m = 1, .n = cuts[c][1] - cuts[c][0], .k = 0};
-            p.y0 = keel_xmalloc((size_t)p.n * sizeof(float) + 1);
-            memcpy(p.y0, (float *)h.y0 + cuts[c][0], (size_t)p.n * sizeof(float));
+            p.y0 = keel_xmalloc((size_t)p.n * es + 1);
+            memcpy(p.y0, (uint8_t *)h.y0 + (size_t)cuts[c][0] * es, (size_t)p.n * es);
             launch_case(reg, launch, &p, ys, false, why, sizeof why);
-            if (!same_bits(reg, ys, y + cuts[c][0], (size_t)p.n, &at))
+            if (!same_bits(reg, ys, y + (size_t)cuts[c][0] * es, (size_t)p.n, &at))
                 FAIL(gr, "elements [%d, %d) launched alone differ from the whole launch at element %zu", cuts[c][0],
                      cuts[c][1], cuts[c][0] + at);
             hcase_free(&p);
@@ -518,6 +530,10 @@ static void gate4(const keel_contract_table *t, const keel_contract_reg *reg, ke
 
 void keel_contract_run(const keel_contract_table *t, const keel_contract_reg *reg, keel_contract_launch_fn launch,
                        int max_gate, keel_contract_result *res) {
+    if (reg->run) { /* a family with its own gates (routed kernels) */
+        reg->run(t, reg, launch, max_gate, res);
+        return;
+    }
     memset(res, 0, sizeof *res);
     KEEL_ASSERT(reg->n_shapes >= 1 && launch != NULL);
     for (int g = 1; g <= KEEL_MIN(max_gate, 4); g++) {

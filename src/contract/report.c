@@ -113,7 +113,8 @@ const keel_contract_finding *keel_contract_findings_find(const keel_contract_fin
 
 /* ---- a run ------------------------------------------------------------------------------------------ */
 
-static const char *const FAMILY_NAMES[KEEL_CF_COUNT] = {"stream", "stream-float", "relu2"};
+static const char *const FAMILY_NAMES[KEEL_CF_COUNT] = {"stream", "stream-float", "relu2", "routed-up",
+                                                            "routed-down"};
 
 void keel_contract_summary(const char *chip, const keel_contract_report *r, char *buf, size_t cap) {
     char early[48] = "";

@@ -25,6 +25,7 @@ typedef struct scan {
     int n_launchers;
     int sites, unregistered;
     char report[4096];
+    const char *const *cuda_entries; /* the CUDA table's entry points (keel_contract_cuda_entries) */
 } scan;
 
 static void note(scan *s, const char *fmt, ...) {
@@ -101,8 +102,8 @@ static bool entry_registered(const scan *s, const char *backend, const char *ent
     for (int i = 0; i < s->t->n; i++)
         if (strcmp(s->t->regs[i].be->name, backend) == 0 && strcmp(s->t->regs[i].entry, entry) == 0) return true;
     if (strcmp(backend, "cuda") == 0)
-        for (int i = 0; keel_contract_cuda_entries[i]; i++)
-            if (strcmp(keel_contract_cuda_entries[i], entry) == 0) return true;
+        for (int i = 0; s->cuda_entries[i]; i++)
+            if (strcmp(s->cuda_entries[i], entry) == 0) return true;
     return false;
 }
 
@@ -219,6 +220,7 @@ static const char *src_root(void) {
 static void init_scan(scan *s, const keel_contract_table *t) {
     memset(s, 0, sizeof *s);
     s->t = t;
+    s->cuda_entries = keel_contract_cuda_entries;
     char path[1024];
     snprintf(path, sizeof path, "%s/src/kernels/cuda/cuda.h", src_root());
     char *h = slurp(path);
@@ -255,6 +257,8 @@ static void test_scan_catches_unregistered(void **state) {
     assert_int_equal(s.sites, 1);
     assert_int_equal(s.unregistered, 0);
 
+    static const char *const no_cuda_entries[] = {NULL}; /* as if the CUDA table registered nothing */
+    s.cuda_entries = no_cuda_entries;
     char cuda[] = "void g(void) {\n  keel_cuda_stream_matmul(&W, x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE, 0);\n"
                   "  k_tile<<<grid, 128>>>(a);\n}\n";
     scan_text(&s, "src/engine/cuda/forward.cu", cuda);
@@ -278,8 +282,35 @@ static void test_scan_catches_unregistered(void **state) {
     keel_contract_table_free(&t);
 }
 
+/* The CUDA table's entry list names only real launchers of cuda.h, and in a CUDA build each of them has
+ * registrations with controls in the table (the list is what launch sites are checked against in every build). */
+static void test_cuda_entries_are_launchers_and_registered(void **state) {
+    (void)state;
+    keel_contract_table t;
+    keel_contract_table_init(&t);
+    keel_contract_register_cuda(&t);
+    scan s;
+    init_scan(&s, &t);
+    for (int i = 0; keel_contract_cuda_entries[i]; i++) {
+        const char *e = keel_contract_cuda_entries[i];
+        bool launcher = false;
+        for (int l = 0; l < s.n_launchers; l++) launcher = launcher || strcmp(s.launchers[l], e) == 0;
+        if (!launcher) fail_msg("keel_contract_cuda_entries names %s, which is not a launcher of cuda.h", e);
+        int with_controls = 0;
+        for (int r = 0; r < t.n; r++)
+            with_controls += strcmp(t.regs[r].entry, e) == 0 && t.regs[r].n_controls > 0;
+        if (t.n > 0 && with_controls == 0)
+            fail_msg("%s is listed as registered but the CUDA table has no registration of it with a control", e);
+    }
+#if defined(KEEL_HAVE_CUDA)
+    assert_true(t.n > 0); /* the table is built without touching a device */
+#endif
+    keel_contract_table_free(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cuda_entries_are_launchers_and_registered),
         cmocka_unit_test(test_source_tree_launches_are_registered),
         cmocka_unit_test(test_scan_catches_unregistered),
     };
