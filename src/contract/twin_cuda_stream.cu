@@ -2,13 +2,13 @@
  * with its KEEL_PLANT_* hooks redefined. One fault is armed at a time (a device flag set before each launch);
  * unarmed, the twin computes what the kernel does. Faults (docs/kernel-contract.md, "Planted controls"):
  * width-as-4 (gate 3), bias-dropped (3), write-past-end (2), epilogue-order (4), row-leak (4).
- * It also answers gate 1's launch-limit questions from this copy (same source, flags and architectures). */
+ * It also answers gate 1's launch-limit questions about the real kernels (keel_cuda_kernel_fn, defined once in
+ * stream.cu) with this copy's launch configuration (same source). */
 #define keel_cuda_stream_matmul keel_contract_twin_cuda_stream_matmul
 #define keel_cuda_stream_experts_up keel_contract_twin_cuda_stream_experts_up
 #define keel_cuda_stream_experts_down keel_contract_twin_cuda_stream_experts_down
 #define keel_cuda_relu2 keel_contract_twin_cuda_relu2
 #define keel_cuda_stream_splits keel_contract_twin_cuda_stream_splits
-#define keel_cuda_kernel_fn keel_contract_twin_cuda_kernel_fn
 
 #include <stdio.h>
 
@@ -70,12 +70,18 @@ extern "C" void keel_contract_cuda_twin_arm(int fault) {
 }
 
 template <int B, bool XF16> static bool probe_t(char *why, size_t cap) {
+    char sym[48];
+    snprintf(sym, sizeof sym, "stream_tile<%d,%s>", B, XF16 ? "true" : "false");
+    const void *fn = keel_cuda_kernel_fn(sym);
+    if (!fn) {
+        snprintf(why, cap, "keel_cuda_kernel_fn does not know %s", sym);
+        return false;
+    }
     cudaFuncAttributes fa;
-    cudaError_t e = cudaFuncGetAttributes(&fa, stream_tile<B, XF16>);
+    cudaError_t e = cudaFuncGetAttributes(&fa, fn);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        snprintf(why, cap, "no image of the %d-bit %s tile for this device: %s", B, XF16 ? "f16" : "bf16",
-                 cudaGetErrorString(e));
+        snprintf(why, cap, "no image of %s for this device: %s", sym, cudaGetErrorString(e));
         return false;
     }
     int dev = 0, optin = 0;
