@@ -2,9 +2,9 @@
  *
  * Shape of the work (docs/stream-tiles.md has the why):
  * - A block is 4 warps; a warp owns 16 rows of W (the m16 side of mma m16n8k16); the 8 activation rows are n8.
- * - Each warp streams its rows through a private ring of kStages shared-memory stages filled by asynchronous
+ * - Each warp streams its rows through a private ring of NST shared-memory stages filled by asynchronous
  *   copies (cp.async on sm_80+): a stage is 16 rows x NBC blocks of 32 codes plus their scales and biases, and
- *   kStages-1 stages are always in flight, across x-chunk boundaries too.
+ *   NST-1 stages are always in flight, across x-chunk boundaries too.
  * - x is staged per block in x-chunks (the whole k when it fits) in mma fragment order, with per-group sums of x.
  * - Thread (g, t) reads codes 8t..8t+7 of rows g and g+8 of each 32-code block (bits bytes, byte-aligned), turns
  *   them into exact bf16/f16 integers under a magic exponent, one mma per 16 codes; at each group end
@@ -51,7 +51,6 @@ constexpr int kThreads = kWarps * 32;
 #endif
 constexpr int kRowsPerWarp = 16;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
-constexpr int kStages = 4;                /* ring depth per warp: kStages-1 stages in flight */
 constexpr int kXBytes = 16384;            /* staged x fragments per block */
 constexpr int kXSums = 256;               /* per-group x sums per x-chunk (chunk codes / 32 * m <= 256) */
 constexpr int kQuad = 128;                /* k-split granularity: a multiple of every group size */
@@ -64,6 +63,7 @@ enum { MODE_STORE = 0, MODE_REDUCE = 1 };
 /* Per-width layout constants, all compile-time. */
 template <int B> struct Geo {
     static constexpr int NBC = B >= 6 ? 4 : 8;              /* 32-code blocks per stage */
+    static constexpr int NST = B == 4 || B == 5 ? 3 : 4;     /* ring depth: NST-1 stages in flight (64 KB blocks) */
     static constexpr int SK = NBC * 32;                      /* codes per stage */
     static constexpr int WPR = NBC * B;                      /* words per row per stage */
     static constexpr int VPL = WPR / 8;                      /* 16-byte vectors per lane per stage */
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
     uint4 *xf = smem_raw;                                      /* kXBytes of fragments */
     float *xs = (float *)(smem_raw + kXBytes / 16);           /* kXSums */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
-    uint32_t *ring = (uint32_t *)(xs + kXSums) + warp * (kStages * G::STAGE);
+    uint32_t *ring = (uint32_t *)(xs + kXSums) + warp * (G::NST * G::STAGE);
 
     const int it = blockIdx.y, split = blockIdx.z;
     const keel_cuda_route item = P.items ? P.items[it] : keel_cuda_route{0, P.mask0};
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
     }
 
 #pragma unroll
-    for (int s = 0; s < kStages - 1; s++) issue_stage<B>(P, A, s, ring + s * G::STAGE, lane);
+    for (int s = 0; s < G::NST - 1; s++) issue_stage<B>(P, A, s, ring + s * G::STAGE, lane);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int s = 0; s < nstage; s++) {
@@ -320,11 +320,11 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
             stage_xsum<XF16>(P, len, xf, xs);
             __syncthreads();
         }
-        kp_cp_wait<kStages - 2>();
+        kp_cp_wait<G::NST - 2>();
         kp_syncwarp(); /* stage s has landed for every lane; every lane is done with stage s - 1 */
-        issue_stage<B>(P, A, s + kStages - 1, ring + ((s + kStages - 1) % kStages) * G::STAGE, lane);
+        issue_stage<B>(P, A, s + G::NST - 1, ring + ((s + G::NST - 1) % G::NST) * G::STAGE, lane);
 
-        const uint32_t *slot = ring + (s % kStages) * G::STAGE;
+        const uint32_t *slot = ring + (s % G::NST) * G::STAGE;
         const uint32_t *sb = slot + G::CW;
         const int nb = min(G::NBC, (A.ke - k0) / 32), cb0 = kc / 32, gc0 = kc / P.group, g0 = k0 / P.group;
         const int so0 = P.sdt == SDT_F32 ? 0 : (soff[0] + g0) & 1, so1 = P.sdt == SDT_F32 ? 0 : (soff[1] + g0) & 1;
@@ -439,7 +439,7 @@ __global__ void relu2_kernel(void *y, int bf16, size_t count) {
 
 /* Dynamic shared memory of one block: x fragments, x sums, the warps' rings. */
 template <int B> constexpr size_t smem_bytes() {
-    return (size_t)kXBytes + (size_t)kXSums * sizeof(float) + (size_t)kWarps * kStages * Geo<B>::STAGE * 4;
+    return (size_t)kXBytes + (size_t)kXSums * sizeof(float) + (size_t)kWarps * Geo<B>::NST * Geo<B>::STAGE * 4;
 }
 
 int g_sms = 0;
