@@ -68,6 +68,40 @@ void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K,
 /* out = index of the largest of v (n), ties to the lower index, NaN never wins. */
 void keel_ecu_argmax(const float *v, int n, int *out, void *st);
 
+/* ---- the contract's twin of these kernels (src/contract/twin_engine_cuda.cu): same launchers renamed
+ * keel_contract_twin_ecu_*, with one planted fault armed at a time ---- */
+#define KEEL_ECU_PLANT_NONE 0
+#define KEEL_ECU_PLANT_WIDTH4 1  /* embed: codes read as 4-bit (gate 3) */
+#define KEEL_ECU_PLANT_PASTEND 2 /* rmsnorm, add_bias: one element written past the last row (gate 2) */
+#define KEEL_ECU_PLANT_NOBIAS 3  /* add_rmsnorm: bias dropped; matvec: group bias term dropped; ssm: D skip dropped */
+#define KEEL_ECU_PLANT_ROWLEAK 4 /* matvec (float) and attention: a row's bits depend on the window (gate 4) */
+#define KEEL_ECU_PLANT_NOSHIFT 5 /* conv: the window never takes the new input (gate 3) */
+#define KEEL_ECU_PLANT_GROUPS 6  /* gate_norm: the first group one channel too wide (gate 3) */
+#define KEEL_ECU_PLANT_TIES 7    /* route, argmax: ties to the higher id (gate 3) */
+void keel_contract_twin_ecu_arm(int fault);
+void keel_contract_twin_ecu_embed(const keel_cuda_qw *t, const int *tok, int m, float *x, void *st);
+void keel_contract_twin_ecu_rmsnorm(const float *x, int ldx, const keel_ecu_vec *w, int m, int n, float eps, float *yf,
+                                    uint16_t *yb, int ldy, void *st);
+void keel_contract_twin_ecu_add_rmsnorm(float *x, const float *a, const float *b, const keel_ecu_vec *bias,
+                                        const keel_ecu_vec *w, int m, int n, float eps, float *yf, uint16_t *yb,
+                                        void *st);
+void keel_contract_twin_ecu_add_bias(float *y, int m, int n, int ld, const keel_ecu_vec *b, void *st);
+void keel_contract_twin_ecu_matvec(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y,
+                                   keel_dtype ydt, keel_epilogue epi, void *st);
+void keel_contract_twin_ecu_conv(const float *proj, int ld, int off, float *win, const keel_ecu_vec *cw,
+                                 const keel_ecu_vec *cb, int K, int C, int m, float *out, void *st);
+void keel_contract_twin_ecu_ssm(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state,
+                                const keel_ecu_vec *dt_bias, const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH,
+                                int P, int N, int G, int m, float *y, void *st);
+void keel_contract_twin_ecu_gate_norm(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI,
+                                      float eps, int m, uint16_t *out, void *st);
+void keel_contract_twin_ecu_attention(const float *q, const float *kc, const float *vc, int kvd, int pos, int m,
+                                      int nh, int nkv, int hd, float *scores, int ctx, uint16_t *o, void *st);
+void keel_contract_twin_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group,
+                                  int topk_group, bool norm_topk, float scaling, int m, keel_cuda_route *items,
+                                  float *weights, int *sel, void *st);
+void keel_contract_twin_ecu_argmax(const float *v, int n, int *out, void *st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,7 +8,23 @@
 #include "../../kernels/cuda/port.h"
 #include "ecuda.h"
 
+/* Built a second time as the contract's twin (src/contract/twin_engine_cuda.cu) with KEEL_ECU_TWIN 1: the launchers
+ * are renamed and one planted fault (KEEL_ECU_PLANT_*) can be armed at a time. */
+#ifndef KEEL_ECU_TWIN
+#define KEEL_ECU_TWIN 0
+#define KEEL_ECU_FN(name) keel_ecu_##name
+#else
+#define KEEL_ECU_FN(name) keel_contract_twin_ecu_##name
+#endif
+
 namespace {
+
+#if KEEL_ECU_TWIN
+__device__ int g_plant;
+#define PLANTED(f) (g_plant == (f))
+#else
+#define PLANTED(f) false
+#endif
 
 constexpr int kNormThreads = 256;
 
@@ -93,7 +109,8 @@ __global__ void embed_kernel(QW t, const int *tok, int m, float *x) {
     const uint32_t *rw = t.w + row * ((long long)t.k * t.bits / 32);
     long long g = row * (t.k / t.group) + c / t.group;
     float s = ld_dt(t.sc, t.sdt, g), b = ld_dt(t.bi, t.sdt, g);
-    x[i] = __fadd_rn(__fmul_rn(s, (float)code_at(rw, t.bits, c)), b);
+    const uint32_t q = PLANTED(KEEL_ECU_PLANT_WIDTH4) ? code_at(rw, 4, c) : code_at(rw, t.bits, c);
+    x[i] = __fadd_rn(__fmul_rn(s, (float)q), b);
 }
 
 __device__ void norm_row(const float *xr, DVec w, int n, float eps, float *yf, uint16_t *yb, float *buf) {
@@ -112,6 +129,7 @@ __global__ void rmsnorm_kernel(const float *x, int ldx, DVec w, int n, float eps
     __shared__ float buf[kNormThreads];
     const long long r = blockIdx.x;
     norm_row(x + r * ldx, w, n, eps, yf ? yf + r * ldy : nullptr, yb ? yb + r * ldy : nullptr, buf);
+    if (PLANTED(KEEL_ECU_PLANT_PASTEND) && threadIdx.x == 0 && r == gridDim.x - 1 && yf) yf[r * ldy + n] = 0.0f;
 }
 
 __global__ void add_rmsnorm_kernel(float *x, const float *a, const float *b, DVec bias, DVec w, int n, float eps,
@@ -122,7 +140,7 @@ __global__ void add_rmsnorm_kernel(float *x, const float *a, const float *b, DVe
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float t = a[r * n + i];
         if (b) t = __fadd_rn(t, b[r * n + i]);
-        if (bias.n) t = __fadd_rn(t, vget(bias, i));
+        if (bias.n && !PLANTED(KEEL_ECU_PLANT_NOBIAS)) t = __fadd_rn(t, vget(bias, i));
         xr[i] = __fadd_rn(xr[i], t);
     }
     __syncthreads();
@@ -134,6 +152,7 @@ __global__ void add_bias_kernel(float *y, int m, int n, int ld, DVec b) {
     if (i >= (long long)m * n) return;
     long long r = i / n, c = i % n;
     y[r * ld + c] = __fadd_rn(y[r * ld + c], vget(b, c));
+    if (PLANTED(KEEL_ECU_PLANT_PASTEND) && i == (long long)m * n - 1) y[r * ld + n] = 0.0f;
 }
 
 /* One warp per (row, output): lane j takes codes j, j+32, ... of each group; the group sums are warp-reduced. */
@@ -149,6 +168,7 @@ __global__ void matvec_kernel(QW W, const void *x, int x_bf16, int m, void *y, i
             acc = __fadd_rn(acc, __fmul_rn(xv, ld_dt(W.w, W.sdt, (long long)o * W.k + c)));
         }
         acc = warp_sum(acc);
+        if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && m > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-22f);
     } else {
         const uint32_t *rw = W.w + (long long)o * ((long long)W.k * W.bits / 32);
         const int ng = W.k / W.group;
@@ -163,7 +183,8 @@ __global__ void matvec_kernel(QW W, const void *x, int x_bf16, int m, void *y, i
             sxq = warp_sum(sxq);
             sx = warp_sum(sx);
             long long gi = (long long)o * ng + g;
-            acc = __fadd_rn(acc, __fadd_rn(__fmul_rn(ld_dt(W.sc, W.sdt, gi), sxq), __fmul_rn(ld_dt(W.bi, W.sdt, gi), sx)));
+            const float bterm = PLANTED(KEEL_ECU_PLANT_NOBIAS) ? 0.0f : __fmul_rn(ld_dt(W.bi, W.sdt, gi), sx);
+            acc = __fadd_rn(acc, __fadd_rn(__fmul_rn(ld_dt(W.sc, W.sdt, gi), sxq), bterm));
         }
     }
     if (lane == 0) {
@@ -190,6 +211,7 @@ __global__ void conv_kernel(const float *proj, int ld, int off, float *win, DVec
         for (int k = 0; k < K - 1; k++) acc = __fadd_rn(acc, __fmul_rn(w[k], h[k]));
         acc = __fadd_rn(acc, __fmul_rn(w[K - 1], in));
         out[(long long)r * C + c] = silu(acc);
+        if (PLANTED(KEEL_ECU_PLANT_NOSHIFT)) continue;
         for (int k = 0; k + 1 < K - 1; k++) h[k] = h[k + 1];
         if (K > 1) h[K - 2] = in;
     }
@@ -226,7 +248,7 @@ __global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, 
             }
         }
         acc = warp_sum(acc);
-        if (lane == 0) y[(long long)r * DI + h * P + p] = __fadd_rn(acc, __fmul_rn(Dh, xv));
+        if (lane == 0) y[(long long)r * DI + h * P + p] = PLANTED(KEEL_ECU_PLANT_NOBIAS) ? acc : __fadd_rn(acc, __fmul_rn(Dh, xv));
     }
     for (int i = 0; i < kMaxStatePerLane; i++) {
         int n = lane + 32 * i;
@@ -237,7 +259,7 @@ __global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, 
 __global__ void gate_norm_kernel(const float *y, const float *proj, int ld, DVec w, int G, int DI, float eps,
                                  uint16_t *out) {
     __shared__ float buf[kNormThreads];
-    const int r = blockIdx.x / G, q = blockIdx.x % G, gs = DI / G;
+    const int r = blockIdx.x / G, q = blockIdx.x % G, gs = PLANTED(KEEL_ECU_PLANT_GROUPS) && q == 0 ? DI / G + 1 : DI / G;
     const float *yr = y + (long long)r * DI + (long long)q * gs, *z = proj + (long long)r * ld + (long long)q * gs;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < gs; i += blockDim.x) {
@@ -289,6 +311,7 @@ __global__ void attention_kernel(const float *q, const float *kc, const float *v
         float acc = 0.0f;
         const float *v = vc + (long long)kh * hd + i;
         for (int j = 0; j <= p; j++) acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(sc[j], inv), v[(long long)j * kvd]));
+        if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && gridDim.y > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-10f);
         o[(long long)r * qd + (long long)h * hd + i] = kp_f32_to_bf16(acc);
     }
 }
@@ -296,7 +319,7 @@ __global__ void attention_kernel(const float *q, const float *kc, const float *v
 constexpr int kMaxExperts = 1024;
 
 __device__ __forceinline__ bool better(float sa, int a, float sb, int b) {
-    return sa > sb || (sa == sb && a < b);
+    return sa > sb || (sa == sb && (PLANTED(KEEL_ECU_PLANT_TIES) ? a > b : a < b));
 }
 
 /* One warp per row: sigmoid scores, correction bias, group filter, top-k by (score, lower id), weights. */
@@ -378,7 +401,7 @@ __global__ void argmax_kernel(const float *v, int n, int *out) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float x = v[i];
         if (x != x) continue; /* NaN never wins */
-        if (id < 0 || x > best) { best = x; id = i; }
+        if (id < 0 || x > best || (PLANTED(KEEL_ECU_PLANT_TIES) && x == best)) { best = x; id = i; }
     }
     bv[threadIdx.x] = best;
     bi[threadIdx.x] = id;
@@ -388,7 +411,8 @@ __global__ void argmax_kernel(const float *v, int n, int *out) {
             int oi = bi[threadIdx.x + s];
             float ov = bv[threadIdx.x + s];
             int mi = bi[threadIdx.x];
-            if (oi >= 0 && (mi < 0 || ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < mi))) {
+            const bool tie_wins = PLANTED(KEEL_ECU_PLANT_TIES) ? oi > mi : oi < mi;
+            if (oi >= 0 && (mi < 0 || ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && tie_wins))) {
                 bv[threadIdx.x] = ov;
                 bi[threadIdx.x] = oi;
             }
@@ -402,32 +426,32 @@ unsigned blocks_for(long long n, int threads) { return (unsigned)((n + threads -
 
 } // namespace
 
-extern "C" void keel_ecu_embed(const keel_cuda_qw *t, const int *tok, int m, float *x, void *st) {
+extern "C" void KEEL_ECU_FN(embed)(const keel_cuda_qw *t, const int *tok, int m, float *x, void *st) {
     long long total = (long long)m * t->k;
     embed_kernel<<<blocks_for(total, 256), 256, 0, (cudaStream_t)st>>>(qw(t), tok, m, x);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void keel_ecu_rmsnorm(const float *x, int ldx, const keel_ecu_vec *w, int m, int n, float eps, float *yf,
+extern "C" void KEEL_ECU_FN(rmsnorm)(const float *x, int ldx, const keel_ecu_vec *w, int m, int n, float eps, float *yf,
                                  uint16_t *yb, int ldy, void *st) {
     rmsnorm_kernel<<<(unsigned)m, kNormThreads, 0, (cudaStream_t)st>>>(x, ldx, dv(w), n, eps, yf, yb, ldy);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void keel_ecu_add_rmsnorm(float *x, const float *a, const float *b, const keel_ecu_vec *bias,
+extern "C" void KEEL_ECU_FN(add_rmsnorm)(float *x, const float *a, const float *b, const keel_ecu_vec *bias,
                                      const keel_ecu_vec *w, int m, int n, float eps, float *yf, uint16_t *yb,
                                      void *st) {
     add_rmsnorm_kernel<<<(unsigned)m, kNormThreads, 0, (cudaStream_t)st>>>(x, a, b, dv(bias), dv(w), n, eps, yf, yb);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void keel_ecu_add_bias(float *y, int m, int n, int ld, const keel_ecu_vec *b, void *st) {
+extern "C" void KEEL_ECU_FN(add_bias)(float *y, int m, int n, int ld, const keel_ecu_vec *b, void *st) {
     if (!b || !b->n) return;
     add_bias_kernel<<<blocks_for((long long)m * n, 256), 256, 0, (cudaStream_t)st>>>(y, m, n, ld, dv(b));
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void keel_ecu_matvec(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y, keel_dtype ydt,
+extern "C" void KEEL_ECU_FN(matvec)(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y, keel_dtype ydt,
                                 keel_epilogue epi, void *st) {
     KEEL_ASSERT(xdt == KEEL_DT_F32 || xdt == KEEL_DT_BF16);
     KEEL_ASSERT(ydt == KEEL_DT_F32 || ydt == KEEL_DT_BF16);
@@ -437,14 +461,14 @@ extern "C" void keel_ecu_matvec(const keel_cuda_qw *W, const void *x, keel_dtype
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void keel_ecu_conv(const float *proj, int ld, int off, float *win, const keel_ecu_vec *cw,
+extern "C" void KEEL_ECU_FN(conv)(const float *proj, int ld, int off, float *win, const keel_ecu_vec *cw,
                               const keel_ecu_vec *cb, int K, int C, int m, float *out, void *st) {
     KEEL_ASSERTF(K >= 1 && K <= kMaxConvK, "conv kernel %d (1..%d)", K, kMaxConvK);
     conv_kernel<<<blocks_for(C, 128), 128, 0, (cudaStream_t)st>>>(proj, ld, off, win, dv(cw), dv(cb), K, C, m, out);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void keel_ecu_ssm(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state,
+extern "C" void KEEL_ECU_FN(ssm)(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state,
                              const keel_ecu_vec *dt_bias, const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH,
                              int P, int N, int G, int m, float *y, void *st) {
     KEEL_ASSERTF(N >= 1 && N <= 32 * kMaxStatePerLane, "ssm state %d (1..%d)", N, 32 * kMaxStatePerLane);
@@ -453,13 +477,13 @@ extern "C" void keel_ecu_ssm(const float *xbc, int CD, const float *proj, int ld
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void keel_ecu_gate_norm(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI,
+extern "C" void KEEL_ECU_FN(gate_norm)(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI,
                                    float eps, int m, uint16_t *out, void *st) {
     gate_norm_kernel<<<(unsigned)(m * G), kNormThreads, 0, (cudaStream_t)st>>>(y, proj, ld, dv(w), G, DI, eps, out);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void keel_ecu_attention(const float *q, const float *kc, const float *vc, int kvd, int pos, int m, int nh,
+extern "C" void KEEL_ECU_FN(attention)(const float *q, const float *kc, const float *vc, int kvd, int pos, int m, int nh,
                                    int nkv, int hd, float *scores, int ctx, uint16_t *o, void *st) {
     KEEL_ASSERTF(hd >= 1 && hd <= kMaxHeadDim, "head_dim %d (1..%d)", hd, kMaxHeadDim);
     dim3 grid((unsigned)nh, (unsigned)m);
@@ -467,7 +491,7 @@ extern "C" void keel_ecu_attention(const float *q, const float *kc, const float 
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group,
+extern "C" void KEEL_ECU_FN(route)(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group,
                                int topk_group, bool norm_topk, float scaling, int m, keel_cuda_route *items,
                                float *weights, int *sel, void *st) {
     KEEL_ASSERTF(E >= 1 && E <= kMaxExperts && K >= 1 && K <= 64 && K <= E && n_group <= 64, "router E %d K %d", E, K);
@@ -476,14 +500,17 @@ extern "C" void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, in
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void keel_ecu_argmax(const float *v, int n, int *out, void *st) {
+extern "C" void KEEL_ECU_FN(argmax)(const float *v, int n, int *out, void *st) {
     argmax_kernel<<<1, kArgThreads, 0, (cudaStream_t)st>>>(v, n, out);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
+#if KEEL_ECU_TWIN
+extern "C" void keel_contract_twin_ecu_arm(int fault) { KEEL_CUDA_CHECK(cudaMemcpyToSymbol(g_plant, &fault, sizeof fault)); }
+#else
 /* ---- runtime ---- */
 
-extern "C" bool keel_ecu_malloc(void **p, size_t bytes, char *why, size_t cap) {
+extern "C" bool KEEL_ECU_FN(malloc)(void **p, size_t bytes, char *why, size_t cap) {
     *p = nullptr;
     cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
@@ -495,7 +522,7 @@ extern "C" bool keel_ecu_malloc(void **p, size_t bytes, char *why, size_t cap) {
     return true;
 }
 
-extern "C" bool keel_ecu_mem_info(size_t *free_b, size_t *total_b) {
+extern "C" bool KEEL_ECU_FN(mem_info)(size_t *free_b, size_t *total_b) {
     if (cudaMemGetInfo(free_b, total_b) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;
@@ -503,31 +530,32 @@ extern "C" bool keel_ecu_mem_info(size_t *free_b, size_t *total_b) {
     return true;
 }
 
-extern "C" void keel_ecu_free(void *p) {
+extern "C" void KEEL_ECU_FN(free)(void *p) {
     if (p) KEEL_CUDA_CHECK(cudaFree(p));
 }
-extern "C" void keel_ecu_upload(void *dst, const void *src, size_t bytes, void *st) {
+extern "C" void KEEL_ECU_FN(upload)(void *dst, const void *src, size_t bytes, void *st) {
     KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)st));
 }
-extern "C" void keel_ecu_download(void *dst, const void *src, size_t bytes, void *st) {
+extern "C" void KEEL_ECU_FN(download)(void *dst, const void *src, size_t bytes, void *st) {
     KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)st));
     KEEL_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)st));
 }
-extern "C" void keel_ecu_sync(void *st) { KEEL_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)st)); }
+extern "C" void KEEL_ECU_FN(sync)(void *st) { KEEL_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)st)); }
 extern "C" void *keel_ecu_event_new(void) {
     cudaEvent_t ev;
     KEEL_CUDA_CHECK(cudaEventCreate(&ev));
     return (void *)ev;
 }
-extern "C" void keel_ecu_event_free(void *ev) {
+extern "C" void KEEL_ECU_FN(event_free)(void *ev) {
     if (ev) KEEL_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev));
 }
-extern "C" void keel_ecu_event_record(void *ev, void *st) {
+extern "C" void KEEL_ECU_FN(event_record)(void *ev, void *st) {
     KEEL_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)st));
 }
-extern "C" float keel_ecu_event_ms(void *a, void *b) {
+extern "C" float KEEL_ECU_FN(event_ms)(void *a, void *b) {
     float ms = 0.0f;
     KEEL_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)b));
     KEEL_CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b));
     return ms;
 }
+#endif

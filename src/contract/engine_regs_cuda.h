@@ -1,0 +1,15 @@
+/* contract: registrations of the CUDA engine's own kernels (src/engine/cuda/kernels.cu), beside the stream tiles'
+ * table (cuda_regs.c). Plain C. */
+#ifndef KEEL_CONTRACT_ENGINE_REGS_CUDA_H
+#define KEEL_CONTRACT_ENGINE_REGS_CUDA_H
+
+#include "contract.h"
+
+/* The engine's launch entry points (src/engine/cuda/ecuda.h) this table covers, NULL-terminated, in every build. */
+extern const char *const keel_contract_cuda_engine_entries[];
+
+/* Appends the engine kernels' registrations (on the CUDA backend) and returns how many; 0 without CUDA or a device.
+ * Called where the CUDA table is built (after keel_contract_register_cuda). */
+int keel_contract_register_cuda_engine(keel_contract_table *t);
+
+#endif

@@ -1,0 +1,85 @@
+/* engine/cuda: the engine kernels' contract table (src/contract/engine_regs_cuda.c) on the device: every
+ * registration passes gates 1-4 and every planted control goes red at its gate; the table covers every launcher
+ * the engine declares. Skips (77) without CUDA or a device. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "contract/engine_regs_cuda.h"
+#include "core/core.h"
+
+#ifdef KEEL_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
+
+/* Every "void keel_ecu_<x>(... void *st)" launcher of src/engine/cuda/ecuda.h is in the entries list. */
+static void test_entries_cover_launchers(void **state) {
+    (void)state;
+    const char *src = getenv("KEEL_SRC");
+    assert_non_null(src);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/src/engine/cuda/ecuda.h", src);
+    char *text = NULL;
+    size_t len = 0;
+    keel_err err = {0};
+    assert_int_equal(keel_read_file(path, &text, &len, &err), KEEL_OK);
+    int launchers = 0;
+    for (char *p = text; (p = strstr(p, "void keel_ecu_")) != NULL; p++) {
+        char name[64];
+        size_t n = 0;
+        const char *q = p + 5;
+        while (n < sizeof name - 1 && (q[n] == '_' || (q[n] >= 'a' && q[n] <= 'z') || (q[n] >= '0' && q[n] <= '9')))
+            name[n] = q[n], n++;
+        name[n] = 0;
+        const char *end = strchr(q, ';');
+        char decl[600];
+        snprintf(decl, sizeof decl, "%.*s", (int)(end ? end - q : 0), q);
+        if (!strstr(decl, "void *st)")) continue; /* runtime calls, not kernels */
+        launchers++;
+        bool found = false;
+        for (int i = 0; keel_contract_cuda_engine_entries[i]; i++) found |= !strcmp(keel_contract_cuda_engine_entries[i], name);
+        if (!found && strcmp(name, "keel_ecu_upload") && strcmp(name, "keel_ecu_download") && strcmp(name, "keel_ecu_sync") &&
+            strcmp(name, "keel_ecu_event_record"))
+            fail_msg("launcher %s is not in keel_contract_cuda_engine_entries", name);
+    }
+    assert_true(launchers >= 11);
+    free(text);
+}
+
+#ifdef KEEL_HAVE_CUDA
+static void test_gates_and_controls(void **state) {
+    (void)state;
+    keel_contract_table t;
+    keel_contract_table_init(&t);
+    const int n = keel_contract_register_cuda_engine(&t);
+    assert_true(n >= 11);
+    keel_contract_report rep;
+    keel_err err = {0};
+    assert_int_equal(keel_contract_run_all(&t, NULL, NULL, stdout, NULL, &rep, &err), KEEL_OK);
+    char line[512];
+    keel_contract_summary(t.regs[0].be->chip, &rep, line, sizeof line);
+    print_message("%s\n", line);
+    assert_int_equal(rep.kernels, n);
+    assert_int_equal(rep.fail, 0);
+    assert_int_equal(rep.missed, 0);
+    assert_int_equal(rep.red_as_planted + rep.red_early, rep.controls);
+    keel_contract_table_free(&t);
+}
+#endif
+
+int main(void) {
+    const struct CMUnitTest host[] = {cmocka_unit_test(test_entries_cover_launchers)};
+    int rc = cmocka_run_group_tests(host, NULL, NULL);
+#ifdef KEEL_HAVE_CUDA
+    if (keel_cuda_device_count() >= 1) {
+        const struct CMUnitTest dev[] = {cmocka_unit_test(test_gates_and_controls)};
+        return rc | cmocka_run_group_tests(dev, NULL, NULL);
+    }
+#endif
+    printf("the gates need a CUDA build and device: only the launcher coverage ran\n");
+    return rc;
+}
