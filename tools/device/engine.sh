@@ -2,7 +2,8 @@
 # On the GPU machine, from the repository root: build keel for sm_90, run the CUDA engine's tests (fixture against
 # the reference and the CPU engine, windows bit-identical, errors, CLI, the Nano-width synthetic agreement),
 # compute-sanitizer memcheck over `keel logits --backend cuda` on the fixture, and `keel bench decode` on the demo
-# checkpoint and the Nano-width one (NANO=1: also the Nano-shaped 4-bit checkpoint). Logs go to $OUT.
+# checkpoint and the Nano-width one (NANO=1: also the Nano-shaped 4-bit checkpoint), and the engine kernels' contract
+# table (gates 1-4, planted controls). Logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/keel-engine}
 mkdir -p "$OUT"
@@ -13,7 +14,8 @@ B=build-h13dev
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$OUT/nvidia-smi.txt" 2>&1
 t0=$(date +%s)
 if ! { cmake -S . -B $B -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release &&
-       cmake --build $B -j "$(nproc)" --target keel engine_cuda_test_cuda_engine engine_cuda_test_cuda_synth; } \
+       cmake --build $B -j "$(nproc)" --target keel engine_cuda_test_cuda_engine engine_cuda_test_cuda_synth \
+         engine_cuda_test_cuda_engine_contract; } \
      >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
 fi
@@ -30,6 +32,7 @@ step() { # name limit_s command...: runs, appends to $OUT/name.log, prints rc, t
 }
 step engine 120 $B/tests/engine_cuda_test_cuda_engine
 step cli 120 python3 tests/engine/cuda/test_cuda_cli.py
+TAILN=20 step contract 150 $B/tests/engine_cuda_test_cuda_engine_contract
 TAILN=6 step synth 150 $B/tests/engine_cuda_test_cuda_synth
 TOKS=$(python3 -c "print(','.join(str((i*37+5)%512) for i in range(24)))")
 TAILN=4 step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 99 "$KEEL_BIN" logits \
