@@ -60,17 +60,18 @@ constexpr int kMaxRows = KEEL_CUDA_STREAM_MAX_ROWS;
 enum { SDT_BF16 = 0, SDT_F16 = 1, SDT_F32 = 2 };
 enum { MODE_STORE = 0, MODE_REDUCE = 1 };
 
-/* Per-width layout constants, all compile-time. */
+/* Per-width layout constants, all compile-time. Every block stays under 64 KB of shared memory (gfx1030). */
 template <int B> struct Geo {
     static constexpr int NBC = B >= 6 ? 4 : 8;              /* 32-code blocks per stage */
-    static constexpr int NST = B == 4 || B == 5 ? 3 : 4;     /* ring depth: NST-1 stages in flight (64 KB blocks) */
+    static constexpr int NST = B == 3 || B == 4 || B == 5 ? 3 : 4; /* ring depth: NST-1 stages in flight */
     static constexpr int SK = NBC * 32;                      /* codes per stage */
     static constexpr int WPR = NBC * B;                      /* words per row per stage */
     static constexpr int VPL = WPR / 8;                      /* 16-byte vectors per lane per stage */
-    static constexpr int RS = WPR + 4;                       /* shared row stride in words (banks, read slack) */
-    static constexpr int SW = NBC;                           /* scale words per row per stage */
-    static constexpr int CW = kRowsPerWarp * RS;             /* code words per stage */
+    static constexpr int RS = B == 5 ? WPR : WPR + 4;        /* shared row stride in words (banks, read slack) */
+    static constexpr int SW = NBC;                           /* raw scale words per row per stage */
+    static constexpr int CW = kRowsPerWarp * RS + 4;         /* code words per stage (+ read slack) */
     static constexpr int STAGE = CW + 2 * kRowsPerWarp * SW; /* words per stage */
+    static constexpr int SBR = NBC + 1;                      /* fp32 (scale, bias) pairs per row, padded */
 };
 
 struct Params {
@@ -141,86 +142,82 @@ template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsig
     }
 }
 
-/* Everything one block needs to walk its slice of k; identical in every warp. */
-struct Walk {
-    const uint32_t *W;      /* the item's codes */
-    long long row_words;    /* words per row */
-    long long sb0;          /* the item's first scale element */
-    long long sb_end;       /* one past the item's last scale element */
-    int row0;               /* the warp's first row */
-    int ks, ke;             /* the slice [ks, ke) of k */
-    int groups;
+/* What one lane copies for its warp, precomputed once: the code vectors (row and offset) and the scale row. */
+template <int B> struct Prod {
+    const uint32_t *src[Geo<B>::VPL]; /* row start + vector offset (words) */
+    int dst[Geo<B>::VPL];             /* word offset in a stage */
+    int off[Geo<B>::VPL];             /* vector offset in the row's stage span (words) */
+    long long e;                      /* the lane's scale row: first element of row (lane % 16) */
+    long long e_end;                  /* one past the item's last scale element */
+    const void *base;                 /* scales (lanes 0..15) or biases (16..31) */
+    int ks, ke, lg;                   /* the slice [ks, ke) of k; log2(group) */
 };
 
 /* Issues the asynchronous copies of stage s (codes, scales, biases of the warp's 16 rows) into `slot`, then
- * commits a group (also when there is nothing to copy, so that group counting stays uniform). */
+ * commits a group (also when there is nothing to copy, so that group counting stays uniform). A partial last
+ * stage copies only its blocks; the blocks after them are never read with non-zero x. */
 template <int B>
-__device__ __forceinline__ void issue_stage(const Params &P, const Walk &A, int s, uint32_t *slot, int lane) {
+__device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, int s, uint32_t *slot, int lane) {
     using G = Geo<B>;
-    const int k0 = A.ks + s * G::SK;
-    if (k0 < A.ke) {
-        const int nb = min(G::NBC, (A.ke - k0) / 32), nw = nb * B;
-        const long long w0 = (long long)k0 / 32 * B;
+    const int k0 = Q.ks + s * G::SK;
+    if (k0 < Q.ke) {
+        const int nb = min(G::NBC, (Q.ke - k0) >> 5), nw = nb * B;
+        const int w0 = (k0 >> 5) * B;
 #pragma unroll
         for (int i = 0; i < G::VPL; i++) {
-            const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
-            const int row = min(A.row0 + rr, P.n - 1);
-            const uint32_t *src = A.W + (long long)row * A.row_words + w0 + 4 * u;
-            uint32_t *dst = slot + rr * G::RS + 4 * u;
-            if (4 * u < nw) {
+            if (Q.off[i] < nw) {
                 if (P.vec16) {
-                    kp_cp_async16(dst, src);
+                    kp_cp_async16(slot + Q.dst[i], Q.src[i] + w0);
                 } else {
 #pragma unroll
                     for (int j = 0; j < 4; j++)
-                        if (4 * u + j < nw) kp_cp_async4(dst + j, src + j);
+                        if (Q.off[i] + j < nw) kp_cp_async4(slot + Q.dst[i] + j, Q.src[i] + w0 + j);
                 }
             }
         }
-        /* scales (lanes 0..15) and biases (16..31) of row lane % 16, groups [g0, g0 + ngs) */
-        const int rr = lane & 15, which = lane >> 4, ngs = nb * 32 / P.group;
-        const int row = min(A.row0 + rr, P.n - 1);
-        const long long e0 = A.sb0 + (long long)row * A.groups + k0 / P.group;
-        uint32_t *dst = slot + G::CW + (which * kRowsPerWarp + rr) * G::SW;
-        const void *base = which ? P.bi : P.sc;
+        const int ngs = (nb * 32) >> Q.lg;
+        const long long e0 = Q.e + (k0 >> Q.lg);
+        uint32_t *dst = slot + G::CW + (lane >> 4) * (kRowsPerWarp * G::SW) + (lane & 15) * G::SW;
         if (P.sdt == SDT_F32) {
 #pragma unroll
             for (int i = 0; i < G::SW; i++)
-                if (i < ngs) kp_cp_async4(dst + i, (const float *)base + e0 + i);
+                if (i < ngs) kp_cp_async4(dst + i, (const float *)Q.base + e0 + i);
         } else if (P.sb4) {
             const long long wf = e0 >> 1, wl = (e0 + ngs - 1) >> 1;
 #pragma unroll
             for (int i = 0; i < G::SW; i++) {
                 const long long wi = wf + i;
-                if (wi > wl) break;
-                if (2 * wi + 1 < A.sb_end)
-                    kp_cp_async4(dst + i, (const uint32_t *)base + wi);
-                else /* the word would reach past the matrix: its first half alone, synchronously */
-                    ((uint16_t *)(dst + i))[0] = ((const uint16_t *)base)[2 * wi];
+                if (wi <= wl) {
+                    if (2 * wi + 1 < Q.e_end)
+                        kp_cp_async4(dst + i, (const uint32_t *)Q.base + wi);
+                    else /* the word would reach past the matrix: its first half alone, synchronously */
+                        ((uint16_t *)(dst + i))[0] = ((const uint16_t *)Q.base)[2 * wi];
+                }
             }
         } else {
             uint16_t *d16 = (uint16_t *)dst + (e0 & 1);
 #pragma unroll
             for (int i = 0; i < G::SW; i++)
-                if (i < ngs) d16[i] = ((const uint16_t *)base)[e0 + i];
+                if (i < ngs) d16[i] = ((const uint16_t *)Q.base)[e0 + i];
         }
     }
     kp_cp_commit();
 }
 
 /* Stages x-chunk [c0, c0 + len) of the item's m rows in mma fragment order: a uint4 per (block, row, t) holding
- * x[8t + i] and x[8t + i + 4] of the block in word i. Rows outside the mask are zeros. Loads go out in batches. */
+ * x[8t + i] and x[8t + i + 4] of the block in word i, zeros up to lenp (whole stages). Rows outside the mask are
+ * zeros. Loads go out in batches. */
 __device__ __forceinline__ void stage_x(const Params &P, const uint16_t *__restrict__ x, uint32_t mask, int c0,
-                                        int len, uint4 *xf) {
+                                        int len, int lenp, uint4 *xf) {
     constexpr int kBatch = 8;
-    const int m = P.m, nunits = len / 32 * m * 4;
+    const int m = P.m, nunits = lenp / 32 * m * 4, nlive = len / 32 * m * 4;
     for (int base = threadIdx.x; base < nunits; base += kThreads * kBatch) {
         uint32_t w[kBatch][4];
 #pragma unroll
         for (int b = 0; b < kBatch; b++) {
             const int e = base + b * kThreads, t = e & 3, r = (e >> 2) % m, j = (e >> 2) / m;
             w[b][0] = w[b][1] = w[b][2] = w[b][3] = 0u;
-            if (e < nunits && ((mask >> r) & 1u)) {
+            if (e < nlive && ((mask >> r) & 1u)) {
                 const uint32_t *p = (const uint32_t *)(x + (long long)r * P.k + c0 + 32 * j + 8 * t);
 #pragma unroll
                 for (int i = 0; i < 4; i++) w[b][i] = kp_ldg32(p + i);
@@ -270,6 +267,51 @@ __device__ __forceinline__ float load_sb(const uint32_t *sb, int idx, int sdt) {
     return sdt == SDT_BF16 ? kp_bf16_to_f32(h) : kp_f16_to_f32(h);
 }
 
+/* One stage of one warp: NBC blocks of its 16 rows, groups of BPG blocks (compile-time, so the whole stage is
+ * straight-line code the compiler can overlap). ra/rb: the thread's bytes in rows g and g + 8; xfb: its x
+ * fragment of block 0 (blocks xst apart); xsb: the x sums of its columns 2t, 2t+1 for group 0 (groups m apart);
+ * sa/sb: the (scale, bias) pairs of rows g and g + 8. */
+template <int B, bool XF16, int BPG>
+__device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *rb, int tsh, const uint4 *xfb, int xst,
+                                           bool xlive, const float *xsb, int m, bool xs0ok, bool xs1ok,
+                                           const float2 *sa, const float2 *sb, int epi, float acc[4]) {
+    using G = Geo<B>;
+    (void)epi;
+#pragma unroll
+    for (int gs = 0; gs < G::NBC / BPG; gs++) {
+        float S[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int b = 0; b < BPG; b++) {
+            const int jb = gs * BPG + b;
+            uint32_t pa[4], pb[4];
+            {
+                unsigned long long va, vb;
+                if constexpr (B == 2 || B == 4) {
+                    va = ra[jb * B] >> tsh;
+                    vb = rb[jb * B] >> tsh;
+                } else {
+                    va = ((unsigned long long)ra[jb * B + 1] << 32 | ra[jb * B]) >> tsh;
+                    vb = ((unsigned long long)rb[jb * B + 1] << 32 | rb[jb * B]) >> tsh;
+                }
+                KEEL_PLANT_DECODE(B, XF16, va, pa);
+                KEEL_PLANT_DECODE(B, XF16, vb, pb);
+            }
+            uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+            if (xlive) xv = xfb[jb * xst];
+            const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, b0[2] = {xv.x, xv.y};
+            const uint32_t a1[4] = {pa[2], pb[2], pa[3], pb[3]}, b1[2] = {xv.z, xv.w};
+            kp_mma_16816<XF16>(S, a0, b0);
+            kp_mma_16816<XF16>(S, a1, b1);
+        }
+        const float2 s0 = sa[gs], s1 = sb[gs];
+        const float xs0 = xs0ok ? xsb[gs * m] : 0.f, xs1 = xs1ok ? xsb[gs * m + 1] : 0.f;
+        acc[0] = KEEL_PLANT_GROUP_END(acc[0], s0.x, S[0], KEEL_PLANT_BIAS(s0.y), xs0, epi);
+        acc[1] = KEEL_PLANT_GROUP_END(acc[1], s0.x, S[1], KEEL_PLANT_BIAS(s0.y), xs1, epi);
+        acc[2] = KEEL_PLANT_GROUP_END(acc[2], s1.x, S[2], KEEL_PLANT_BIAS(s1.y), xs0, epi);
+        acc[3] = KEEL_PLANT_GROUP_END(acc[3], s1.x, S[3], KEEL_PLANT_BIAS(s1.y), xs1, epi);
+    }
+}
+
 template <int B, bool XF16>
 __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(Params P) {
     using G = Geo<B>;
@@ -277,101 +319,84 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
     uint4 *xf = smem_raw;                                      /* kXBytes of fragments */
     float *xs = (float *)(smem_raw + kXBytes / 16);           /* kXSums */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
-    uint32_t *ring = (uint32_t *)(xs + kXSums) + warp * (G::NST * G::STAGE);
+    float2 *sbf = (float2 *)(xs + kXSums) + warp * (kRowsPerWarp * G::SBR);
+    uint32_t *ring = (uint32_t *)((float2 *)(xs + kXSums) + kWarps * kRowsPerWarp * G::SBR) + warp * (G::NST * G::STAGE);
 
     const int it = blockIdx.y, split = blockIdx.z;
     const keel_cuda_route item = P.items ? P.items[it] : keel_cuda_route{0, P.mask0};
-    Walk A;
-    A.W = P.w + (long long)item.expert * P.ew;
-    A.row_words = (long long)P.k * B / 32;
-    A.groups = P.k / P.group;
-    A.sb0 = (long long)item.expert * P.es;
-    A.sb_end = A.sb0 + (long long)P.n * A.groups;
-    A.row0 = blockIdx.x * kRowsPerBlock + warp * kRowsPerWarp;
-    const int nq = (P.k + kQuad - 1) / kQuad;
-    A.ks = (int)min((long long)P.k, (long long)nq * split / P.splits * kQuad);
-    A.ke = (int)min((long long)P.k, (long long)nq * (split + 1) / P.splits * kQuad);
-    const uint16_t *x = P.x + (long long)it * P.x_item;
-    const int nstage = (A.ke - A.ks + G::SK - 1) / G::SK;
-    const int bpg = P.group / 32;
-
-    /* per-thread constants: where its bytes sit in a block row, and the scale halves of its two rows */
-    const int tw = (t * B) >> 2, tsh = ((t * B) & 3) * 8;
-    int soff[2] = {0, 0};
-    if (P.sdt != SDT_F32) {
+    const int row0 = blockIdx.x * kRowsPerBlock + warp * kRowsPerWarp;
+    const int groups = P.k / P.group, lg = 31 - __clz(P.group), lbpg = lg - 5;
+    const long long row_words = (long long)P.k * B / 32;
+    Prod<B> Q;
+    {
+        const uint32_t *W = P.w + (long long)item.expert * P.ew;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = min(A.row0 + g + 8 * h, P.n - 1);
-            soff[h] = (int)((A.sb0 + (long long)row * A.groups) & 1); /* + g0, added per stage */
+        for (int i = 0; i < G::VPL; i++) {
+            const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
+            Q.src[i] = W + (long long)min(row0 + rr, P.n - 1) * row_words + 4 * u;
+            Q.dst[i] = rr * G::RS + 4 * u;
+            Q.off[i] = 4 * u;
         }
+        const long long sb0 = (long long)item.expert * P.es;
+        Q.e = sb0 + (long long)min(row0 + (lane & 15), P.n - 1) * groups;
+        Q.e_end = sb0 + (long long)P.n * groups;
+        Q.base = lane >> 4 ? P.bi : P.sc;
+        const int nq = (P.k + kQuad - 1) / kQuad;
+        Q.ks = (int)min((long long)P.k, (long long)nq * split / P.splits * kQuad);
+        Q.ke = (int)min((long long)P.k, (long long)nq * (split + 1) / P.splits * kQuad);
+        Q.lg = lg;
     }
+    const uint16_t *x = P.x + (long long)it * P.x_item;
+    const int nstage = (Q.ke - Q.ks + G::SK - 1) / G::SK;
+
+    const int tw = (t * B) >> 2, tsh = ((t * B) & 3) * 8;
+    const bool xlive = g < P.m, xs0ok = 2 * t < P.m, xs1ok = 2 * t + 1 < P.m;
 
 #pragma unroll
-    for (int s = 0; s < G::NST - 1; s++) issue_stage<B>(P, A, s, ring + s * G::STAGE, lane);
+    for (int s = 0; s < G::NST - 1; s++) issue_stage<B>(P, Q, s, ring + s * G::STAGE, lane);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    int kc = 0, slot_i = 0; /* position in the x-chunk; ring slot of stage s */
     for (int s = 0; s < nstage; s++) {
-        const int k0 = A.ks + s * G::SK, kc = (k0 - A.ks) % P.xk;
+        const int k0 = Q.ks + s * G::SK;
         if (kc == 0) { /* a new x-chunk: every warp is done with the last one */
             __syncthreads();
-            const int len = min(P.xk, A.ke - k0);
-            stage_x(P, x, item.mask, k0, len, xf);
+            const int len = min(P.xk, Q.ke - k0), lenp = (len + G::SK - 1) / G::SK * G::SK;
+            stage_x(P, x, item.mask, k0, len, lenp, xf);
             __syncthreads();
-            stage_xsum<XF16>(P, len, xf, xs);
+            stage_xsum<XF16>(P, lenp, xf, xs);
             __syncthreads();
         }
         kp_cp_wait<G::NST - 2>();
         kp_syncwarp(); /* stage s has landed for every lane; every lane is done with stage s - 1 */
-        issue_stage<B>(P, A, s + G::NST - 1, ring + ((s + G::NST - 1) % G::NST) * G::STAGE, lane);
+        const int next = slot_i == 0 ? G::NST - 1 : slot_i - 1;
+        issue_stage<B>(P, Q, s + G::NST - 1, ring + next * G::STAGE, lane);
 
-        const uint32_t *slot = ring + (s % G::NST) * G::STAGE;
-        const uint32_t *sb = slot + G::CW;
-        const int nb = min(G::NBC, (A.ke - k0) / 32), cb0 = kc / 32, gc0 = kc / P.group, g0 = k0 / P.group;
-        const int so0 = P.sdt == SDT_F32 ? 0 : (soff[0] + g0) & 1, so1 = P.sdt == SDT_F32 ? 0 : (soff[1] + g0) & 1;
-        float S[4] = {0.f, 0.f, 0.f, 0.f};
+        const uint32_t *slot = ring + slot_i * G::STAGE;
+        { /* the stage's scales and biases to fp32 (scale, bias) pairs; groups past the slice end get zeros */
+            const int rr = lane & 15, which = lane >> 4;
+            const int ngs = (min(G::NBC, (Q.ke - k0) >> 5) * 32) >> lg;
+            const long long e0 = Q.e + (k0 >> lg);
+            const uint32_t *raw = slot + G::CW + which * (kRowsPerWarp * G::SW) + rr * G::SW;
+            const int so = P.sdt == SDT_F32 ? 0 : (int)(e0 & 1);
+            float *dst = (float *)(sbf + rr * G::SBR) + which;
 #pragma unroll
-        for (int jb = 0; jb < G::NBC; jb++) {
-            if (jb < nb) {
-                uint32_t pa[4], pb[4];
-                {
-                    const uint32_t *ra = slot + g * G::RS + jb * B + tw, *rb = ra + 8 * G::RS;
-                    unsigned long long va, vb;
-                    if constexpr (B == 2 || B == 4) {
-                        va = ra[0] >> tsh;
-                        vb = rb[0] >> tsh;
-                    } else {
-                        va = ((unsigned long long)ra[1] << 32 | ra[0]) >> tsh;
-                        vb = ((unsigned long long)rb[1] << 32 | rb[0]) >> tsh;
-                    }
-                    KEEL_PLANT_DECODE(B, XF16, va, pa);
-                    KEEL_PLANT_DECODE(B, XF16, vb, pb);
-                }
-                uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-                if (g < P.m) xv = xf[((cb0 + jb) * P.m + g) * 4 + t];
-                const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, b0[2] = {xv.x, xv.y};
-                const uint32_t a1[4] = {pa[2], pb[2], pa[3], pb[3]}, b1[2] = {xv.z, xv.w};
-                kp_mma_16816<XF16>(S, a0, b0);
-                kp_mma_16816<XF16>(S, a1, b1);
-                if (((jb + 1) & (bpg - 1)) == 0) { /* group end */
-                    const int gs = jb / bpg;
-                    const float xs0 = 2 * t < P.m ? xs[(gc0 + gs) * P.m + 2 * t] : 0.f;
-                    const float xs1 = 2 * t + 1 < P.m ? xs[(gc0 + gs) * P.m + 2 * t + 1] : 0.f;
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int rr = g + 8 * h, so = h ? so1 : so0;
-                        const float sc = load_sb(sb, rr * G::SW * (P.sdt == SDT_F32 ? 1 : 2) + so + gs, P.sdt);
-                        const float bi = KEEL_PLANT_BIAS(
-                            load_sb(sb, (kRowsPerWarp + rr) * G::SW * (P.sdt == SDT_F32 ? 1 : 2) + so + gs, P.sdt));
-#pragma unroll
-                        for (int j = 0; j < 2; j++) {
-                            const int e = 2 * h + j;
-                            acc[e] = KEEL_PLANT_GROUP_END(acc[e], sc, S[e], bi, j ? xs1 : xs0, P.epi);
-                            S[e] = 0.f;
-                        }
-                    }
-                }
-            }
+            for (int gs = 0; gs < G::NBC; gs++) dst[2 * gs] = gs < ngs ? load_sb(raw, so + gs, P.sdt) : 0.f;
         }
+        kp_syncwarp();
+        const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
+        const uint4 *xfb = xf + ((kc >> 5) * P.m + g) * 4 + t;
+        const float *xsb = xs + (kc >> lg) * P.m + 2 * t;
+        const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
+        if (lbpg == 0)
+            stage_body<B, XF16, 1>(ra, rb, tsh, xfb, 4 * P.m, xlive, xsb, P.m, xs0ok, xs1ok, sa, sb, P.epi, acc);
+        else if (lbpg == 1)
+            stage_body<B, XF16, 2>(ra, rb, tsh, xfb, 4 * P.m, xlive, xsb, P.m, xs0ok, xs1ok, sa, sb, P.epi, acc);
+        else
+            stage_body<B, XF16, 4>(ra, rb, tsh, xfb, 4 * P.m, xlive, xsb, P.m, xs0ok, xs1ok, sa, sb, P.epi, acc);
+        kc += G::SK;
+        if (kc == P.xk) kc = 0;
+        slot_i = slot_i == G::NST - 1 ? 0 : slot_i + 1;
     }
     kp_cp_wait<0>();
 
@@ -380,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
     const long long last = (long long)it * P.y_item + (long long)(P.m - 1) * P.n + P.n - 1;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        const int r = 2 * t + (e & 1), row = A.row0 + g + 8 * (e >> 1);
+        const int r = 2 * t + (e & 1), row = row0 + g + 8 * (e >> 1);
         if (r >= P.m || !((item.mask >> r) & 1u) || row >= P.n) continue;
         if (to_part) {
             P.part[(((long long)split * gridDim.y + it) * kMaxRows + r) * P.n + row] = acc[e];
@@ -437,9 +462,10 @@ __global__ void relu2_kernel(void *y, int bf16, size_t count) {
     }
 }
 
-/* Dynamic shared memory of one block: x fragments, x sums, the warps' rings. */
+/* Dynamic shared memory of one block: x fragments, x sums, the warps' (scale, bias) tables and rings. */
 template <int B> constexpr size_t smem_bytes() {
-    return (size_t)kXBytes + (size_t)kXSums * sizeof(float) + (size_t)kWarps * Geo<B>::NST * Geo<B>::STAGE * 4;
+    return (size_t)kXBytes + (size_t)kXSums * sizeof(float) + (size_t)kWarps * kRowsPerWarp * Geo<B>::SBR * 8 +
+           (size_t)kWarps * Geo<B>::NST * Geo<B>::STAGE * 4;
 }
 
 int g_sms = 0;
@@ -461,6 +487,9 @@ template <int B, bool XF16> void launch_t(const Params &P, dim3 grid, cudaStream
     if (!attr) {
         const void *fn = (const void *)stream_tile<B, XF16>;
         KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+#if !defined(__HIPCC__) /* all of the SM's shared memory for shared memory: as many blocks as fit */
+        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+#endif
         attr = true;
     }
     stream_tile<B, XF16><<<grid, kThreads, sm, st>>>(P);
