@@ -21,13 +21,14 @@
 static const char *const RUN_USAGE =
     "usage: keel run MODEL_DIR (--prompt TEXT | --tokens 1,2,3) [-n N] [--greedy | --temp T --top-p P --top-k K\n"
     "                [--min-p M]] [--seed S] [--ids] [--ignore-eos] [--ctx N] [--threads T]\n"
-    "                [--backend cpu|cuda]\n"
+    "                [--backend cpu|cuda] [--activations bf16|f32]\n"
     "  streams the generated text (with --ids the ids) to stdout; speed and the stop reason go to stderr.\n"
     "  --backend: the engine (default cuda where this build has CUDA and a device is present, else cpu)\n"
+    "  --activations: cuda only: bf16 into the stream tiles (default) or f32 (the fp32 matvec, slower)\n"
     "  defaults: -n 128, --temp 0.8 --top-p 0.95 --min-p 0.05 --top-k 0 (off), --seed 0, --ctx max(4096, prompt+n) up to the model's limit\n";
 static const char *const LOGITS_USAGE =
     "usage: keel logits MODEL_DIR (--tokens 1,2,3 | --prompt TEXT) --out FILE.safetensors [--mtp] [--threads T]\n"
-    "                   [--backend cpu|cuda]\n"
+    "                   [--backend cpu|cuda] [--activations bf16|f32]\n"
     "  writes teacher-forced `logits` (positions x vocab), `hidden` (after norm_f), `tokens` and, with --mtp,\n"
     "  `mtp_logits` and `mtp_hidden` (positions-1 rows: the head at position i reads token i+1), all F32.\n";
 
@@ -36,6 +37,7 @@ typedef struct run_args {
     int n_predict, ctx, threads;
     bool greedy, ids, mtp, ignore_eos;
     int backend; /* keel_backend, or -1: cuda when built with CUDA and a device is present */
+    bool f32;    /* --activations f32 (CUDA engine) */
     keel_sampler_cfg samp;
 } run_args;
 
@@ -91,6 +93,9 @@ static int parse_args(const char *cmd, int argc, char **argv, bool logits, run_a
             if (!strcmp(v, "cpu")) a->backend = KEEL_BACKEND_CPU;
             else if (!strcmp(v, "cuda")) a->backend = KEEL_BACKEND_CUDA;
             else return keel_cli_fail(cmd, "--backend '%s': expected cpu or cuda", v);
+        } else if (!strcmp(o, "--activations")) {
+            if (strcmp(v, "bf16") && strcmp(v, "f32")) return keel_cli_fail(cmd, "--activations '%s': expected bf16 or f32", v);
+            a->f32 = !strcmp(v, "f32");
         }
         else if (!strcmp(o, "--threads")) {
             if (!parse_int(v, 1, 4096, &n)) return keel_cli_fail(cmd, "--threads '%s': expected 1..4096", v);
@@ -142,6 +147,8 @@ static int parse_args(const char *cmd, int argc, char **argv, bool logits, run_a
         return keel_cli_fail(cmd, "--backend cuda: this keel was built without CUDA (no nvcc at build time)");
     a->backend = KEEL_BACKEND_CPU;
 #endif
+    if (a->f32 && a->backend == KEEL_BACKEND_CPU)
+        return keel_cli_fail(cmd, "--activations f32 is a CUDA engine option (the CPU engine is always f32)");
     return 0;
 }
 
@@ -311,7 +318,9 @@ int keel_cli_run(int argc, char **argv) {
         goto done;
     }
 #ifdef KEEL_HAVE_CUDA
-    if (a.backend == KEEL_BACKEND_CUDA && keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK) {
+    if (a.backend == KEEL_BACKEND_CUDA &&
+        (keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK ||
+         keel_cuda_engine_set_activations(ce, a.f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK)) {
         rc = keel_cli_fail(cmd, "%s", err.msg);
         goto done;
     }
@@ -400,7 +409,9 @@ int keel_cli_logits(int argc, char **argv) {
         goto done;
     }
 #ifdef KEEL_HAVE_CUDA
-    if (a.backend == KEEL_BACKEND_CUDA && keel_cuda_engine_init(&ce, &m, n, &err) != KEEL_OK) {
+    if (a.backend == KEEL_BACKEND_CUDA &&
+        (keel_cuda_engine_init(&ce, &m, n, &err) != KEEL_OK ||
+         keel_cuda_engine_set_activations(ce, a.f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK)) {
         rc = keel_cli_fail(cmd, "%s", err.msg);
         goto done;
     }
@@ -452,8 +463,9 @@ int keel_cli_logits(int argc, char **argv) {
         rc = keel_cli_fail(cmd, "%s", err.msg);
         goto done;
     }
-    keel_st_writer_meta(&w, "made_by", a.backend == KEEL_BACKEND_CUDA ? "keel logits (CUDA engine, bf16 activations)"
-                                                                      : "keel logits (CPU engine, float32)");
+    keel_st_writer_meta(&w, "made_by", a.backend != KEEL_BACKEND_CUDA ? "keel logits (CPU engine, float32)"
+                                       : a.f32 ? "keel logits (CUDA engine, f32 activations)"
+                                               : "keel logits (CUDA engine, bf16 activations)");
     if (keel_st_writer_write(&w, a.out, &err) != KEEL_OK) {
         rc = keel_cli_fail(cmd, "%s", err.msg);
         goto done;

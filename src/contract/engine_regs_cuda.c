@@ -20,7 +20,7 @@
 const char *const keel_contract_cuda_engine_entries[] = {
     "keel_ecu_embed", "keel_ecu_rmsnorm", "keel_ecu_add_rmsnorm", "keel_ecu_add_bias", "keel_ecu_matvec",
     "keel_ecu_conv",  "keel_ecu_ssm",     "keel_ecu_gate_norm",   "keel_ecu_attention", "keel_ecu_route",
-    "keel_ecu_argmax", NULL};
+    "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", NULL};
 
 #if !defined(KEEL_HAVE_CUDA)
 int keel_contract_register_cuda_engine(keel_contract_table *t) {
@@ -36,7 +36,7 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
 #define BF16_HALF_ULP 0x1p-9
 
 enum { K_EMBED, K_RMSNORM, K_ADDNORM, K_ADDBIAS, K_MATVEC_F, K_MATVEC_Q, K_CONV, K_SSM, K_GATENORM, K_ATTN, K_ROUTE,
-       K_ARGMAX, K_N };
+       K_ARGMAX, K_ROUTED_UP, K_ROUTED_DOWN, K_COMBINE, K_N };
 enum { R_IN, R_OUT, R_STATE, R_SCRATCH };
 
 typedef struct buf {
@@ -66,7 +66,7 @@ static double rnorm(rng *r) { return sqrt(-2.0 * log(runif(r))) * cos(6.28318530
 /* ---- cases ---- */
 
 /* Per kind: the attention geometry and the Mamba geometry used at every shape. */
-enum { A_NH = 4, A_NKV = 2, A_HD = 64, S_P = 16, S_N = 48, S_G = 2, C_K = 4, R_K1 = 6, R_K2 = 4 };
+enum { A_NH = 4, A_NKV = 2, A_HD = 64, S_P = 16, S_N = 48, S_G = 2, C_K = 4, R_K1 = 6, R_K2 = 4, X_E = 4, X_K = 2 };
 
 static void add(ecase *c, keel_dtype dt, size_t n, size_t row, int role) {
     KEEL_ASSERT(c->nb < MAXB);
@@ -127,14 +127,27 @@ static void layout(ecase *c) {
         add(c, KEEL_DT_F32, n, 0, R_IN), add(c, KEEL_DT_BF16, n, 0, R_IN), add(c, KEEL_DT_F32, m * di, di, R_OUT);
         break;
     }
-    case K_GATENORM: /* n = d_inner in S_G groups */
+    case K_GATENORM: /* n = d_inner in S_G groups; bf16 and fp32 outputs */
         add(c, KEEL_DT_F32, m * n, n, R_IN), add(c, KEEL_DT_F32, m * n, n, R_IN), add(c, KEEL_DT_BF16, n, 0, R_IN);
-        add(c, KEEL_DT_BF16, m * n, n, R_OUT);
+        add(c, KEEL_DT_BF16, m * n, n, R_OUT), add(c, KEEL_DT_F32, m * n, n, R_OUT);
+        break;
+    case K_ROUTED_UP:
+    case K_ROUTED_DOWN: { /* X_E experts of (n, k) at 4 bits g64, X_K items a row; down reads one x row per item */
+        const size_t xr = c->kind == K_ROUTED_DOWN ? X_K * k : k;
+        add(c, KEEL_DT_U32, X_E * n * k * 4 / 32, 0, R_IN), add(c, KEEL_DT_BF16, X_E * n * k / 64, 0, R_IN);
+        add(c, KEEL_DT_BF16, X_E * n * k / 64, 0, R_IN), add(c, KEEL_DT_F32, m * xr, xr, R_IN);
+        add(c, KEEL_DT_I32, m * X_K, X_K, R_IN), add(c, KEEL_DT_F32, m * X_K * n, X_K * n, R_OUT);
+        break;
+    }
+    case K_COMBINE: /* n wide, R_K1 slots */
+        add(c, KEEL_DT_F32, m * R_K1 * n, R_K1 * n, R_IN), add(c, KEEL_DT_F32, m * R_K1 * 8, R_K1 * 8, R_IN);
+        add(c, KEEL_DT_F32, m * n, n, R_OUT);
         break;
     case K_ATTN: { /* n = context; rows at positions pos..pos+m-1 = n-m..n-1 */
         const size_t qd = A_NH * A_HD, kvd = A_NKV * A_HD;
         add(c, KEEL_DT_F32, m * qd, qd, R_IN), add(c, KEEL_DT_F32, n * kvd, 0, R_IN), add(c, KEEL_DT_F32, n * kvd, 0, R_IN);
         add(c, KEEL_DT_F32, m * A_NH * n, A_NH * n, R_SCRATCH), add(c, KEEL_DT_BF16, m * qd, qd, R_OUT);
+        add(c, KEEL_DT_F32, m * qd, qd, R_OUT);
         break;
     }
     case K_ROUTE: { /* n experts, k = top_k in one group (the group filter's sums tie in float where they do not in
@@ -164,6 +177,10 @@ static void generate(ecase *c, uint64_t seed, int dist) {
         }
     }
     switch (c->kind) {
+    case K_ROUTED_UP:
+    case K_ROUTED_DOWN:
+        for (size_t j = 0; j < c->b[4].n; j++) hset(&c->b[4], j, (double)(int)(runif(&r) * X_E));
+        /* fall through */
     case K_EMBED:
     case K_MATVEC_Q: /* scales positive and small, biases negative: dequantized values of both signs */
         for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, 0.01 + 0.02 * runif(&r)), hset(&c->b[2], j, -0.1 * runif(&r));
@@ -378,6 +395,8 @@ static void reference(const ecase *c, double *ref, double *bnd) {
                 w.h = (uint16_t *)c->b[2].h + (size_t)q * gs;
                 norm_ref(v, e, &w, gs, eps, ref + (size_t)r * n + (size_t)q * gs, bnd + (size_t)r * n + (size_t)q * gs,
                          KEEL_DT_BF16);
+                norm_ref(v, e, &w, gs, eps, ref + (size_t)(m + r) * n + (size_t)q * gs,
+                         bnd + (size_t)(m + r) * n + (size_t)q * gs, KEEL_DT_F32);
             }
         free(v), free(e);
         break;
@@ -408,10 +427,11 @@ static void reference(const ecase *c, double *ref, double *bnd) {
                         const double vv = vget(&c->b[2], (size_t)j * kvd + (size_t)kh * A_HD + i);
                         o += s[j] / sum * vv, a += s[j] / sum * fabs(vv);
                     }
-                    const size_t oi = (size_t)r * qd + (size_t)h * A_HD + i;
-                    ref[oi] = o;
+                    const size_t oi = (size_t)r * qd + (size_t)h * A_HD + i, of = (size_t)m * qd + oi;
+                    ref[oi] = ref[of] = o;
                     const double e = a * (4 * es + (2 * (p + 1) + 10) * U);
                     bnd[oi] = e + out_round(KEEL_DT_BF16, o, e);
+                    bnd[of] = e + out_round(KEEL_DT_F32, o, e);
                 }
             }
         free(s);
@@ -467,6 +487,45 @@ static void reference(const ecase *c, double *ref, double *bnd) {
         free(sg), free(b);
         break;
     }
+    case K_ROUTED_UP:
+    case K_ROUTED_DOWN: {
+        const bool down = c->kind == K_ROUTED_DOWN;
+        const int *sel = c->b[4].h;
+        const size_t xrow = down ? (size_t)X_K * k : (size_t)k;
+        for (int r = 0; r < m; r++)
+            for (int it = 0; it < X_K; it++)
+                for (int o = 0; o < n; o++) {
+                    const int ex = sel[r * X_K + it];
+                    const size_t row = (size_t)ex * n + o, x0 = (size_t)r * xrow + (down ? (size_t)it * k : 0);
+                    double acc = 0, mag = 0;
+                    for (int g = 0; g < k / 64; g++) {
+                        double sxq = 0, sx = 0, ax = 0, axq = 0;
+                        for (int j = g * 64; j < g * 64 + 64; j++) {
+                            const double xv = vget(&c->b[3], x0 + j);
+                            const double qv = keel_quant_code((const uint32_t *)c->b[0].h + row * (k / 8), 4, j);
+                            sxq += xv * qv, sx += xv, axq += fabs(xv * qv), ax += fabs(xv);
+                        }
+                        const double sc = vget(&c->b[1], row * (k / 64) + g), bi = vget(&c->b[2], row * (k / 64) + g);
+                        acc += sc * sxq + bi * sx, mag += fabs(sc) * axq + fabs(bi) * ax;
+                    }
+                    const size_t j = ((size_t)r * X_K + it) * n + o;
+                    ref[j] = down ? acc : (acc > 0 ? acc * acc : 0.0);
+                    const double e = (64 / 32 + 6 + 3 + k / 64) * U * mag + U * fabs(acc);
+                    bnd[j] = down ? e : acc > -e ? (2 * fmax(acc, 0.0) + e) * e + U * ref[j] : 0.0;
+                }
+        break;
+    }
+    case K_COMBINE:
+        for (int r = 0; r < m; r++)
+            for (int i = 0; i < n; i++) {
+                double acc = 0, mag = 0;
+                for (int s = 0; s < R_K1; s++) {
+                    const double w = vget(&c->b[1], ((size_t)r * R_K1 + s) * 8), y = vget(&c->b[0], ((size_t)r * R_K1 + s) * n + i);
+                    acc += w * y, mag += fabs(w * y);
+                }
+                ref[(size_t)r * n + i] = acc, bnd[(size_t)r * n + i] = 2 * R_K1 * U * mag;
+            }
+        break;
     case K_ARGMAX: {
         int best = -1;
         for (int i = 0; i < n; i++) {
@@ -537,22 +596,27 @@ typedef struct ekernel {
                  void *);
     void (*ssm)(const float *, int, const float *, int, int, float *, const keel_ecu_vec *, const keel_ecu_vec *,
                 const keel_ecu_vec *, int, int, int, int, int, float *, void *);
-    void (*gate_norm)(const float *, const float *, int, const keel_ecu_vec *, int, int, float, int, uint16_t *, void *);
+    void (*gate_norm)(const float *, const float *, int, const keel_ecu_vec *, int, int, float, int, uint16_t *,
+                      float *, void *);
     void (*attention)(const float *, const float *, const float *, int, int, int, int, int, int, float *, int,
-                      uint16_t *, void *);
+                      uint16_t *, float *, void *);
     void (*route)(const float *, const keel_ecu_vec *, int, int, int, int, bool, float, int, keel_cuda_route *,
                   float *, int *, void *);
     void (*argmax)(const float *, int, int *, void *);
+    void (*matvec_routed)(const keel_cuda_qw *, const float *, bool, int, const int *, int, float *, keel_epilogue,
+                          void *);
+    void (*combine)(const float *, const float *, int, int, int, float *, void *);
 } ekernel;
 
 static const ekernel REAL = {keel_ecu_embed, keel_ecu_rmsnorm, keel_ecu_add_rmsnorm, keel_ecu_add_bias,
                              keel_ecu_matvec, keel_ecu_conv, keel_ecu_ssm, keel_ecu_gate_norm, keel_ecu_attention,
-                             keel_ecu_route, keel_ecu_argmax};
+                             keel_ecu_route, keel_ecu_argmax, keel_ecu_matvec_routed, keel_ecu_combine};
 static const ekernel TWIN = {keel_contract_twin_ecu_embed, keel_contract_twin_ecu_rmsnorm,
                              keel_contract_twin_ecu_add_rmsnorm, keel_contract_twin_ecu_add_bias,
                              keel_contract_twin_ecu_matvec, keel_contract_twin_ecu_conv, keel_contract_twin_ecu_ssm,
                              keel_contract_twin_ecu_gate_norm, keel_contract_twin_ecu_attention,
-                             keel_contract_twin_ecu_route, keel_contract_twin_ecu_argmax};
+                             keel_contract_twin_ecu_route, keel_contract_twin_ecu_argmax,
+                             keel_contract_twin_ecu_matvec_routed, keel_contract_twin_ecu_combine};
 
 static keel_ecu_vec vec(const ecase *c, int i) {
     return (keel_ecu_vec){dptr(&c->b[i]), c->b[i].dt, (int)c->b[i].n};
@@ -607,11 +671,11 @@ static void launch_with(const ekernel *K, const ecase *c) {
     }
     case K_GATENORM: {
         keel_ecu_vec w = vec(c, 2);
-        K->gate_norm(p[0], p[1], n, &w, S_G, n, 1e-5f, m, p[3], NULL);
+        K->gate_norm(p[0], p[1], n, &w, S_G, n, 1e-5f, m, p[3], p[4], NULL);
         break;
     }
     case K_ATTN:
-        K->attention(p[0], p[1], p[2], A_NKV * A_HD, c->pos, m, A_NH, A_NKV, A_HD, p[3], n, p[4], NULL);
+        K->attention(p[0], p[1], p[2], A_NKV * A_HD, c->pos, m, A_NH, A_NKV, A_HD, p[3], n, p[4], p[5], NULL);
         break;
     case K_ROUTE: {
         keel_ecu_vec corr = vec(c, 1);
@@ -620,6 +684,14 @@ static void launch_with(const ekernel *K, const ecase *c) {
         break;
     }
     case K_ARGMAX: K->argmax(p[0], n, p[1], NULL); break;
+    case K_ROUTED_UP:
+    case K_ROUTED_DOWN: {
+        const bool down = c->kind == K_ROUTED_DOWN;
+        keel_cuda_qw W = {p[0], p[1], p[2], n, k, 4, 64, KEEL_DT_BF16, (int64_t)n * k / 8, (int64_t)n * k / 64};
+        K->matvec_routed(&W, p[3], down, m, p[4], X_K, p[5], down ? KEEL_EPI_NONE : KEEL_EPI_RELU2, NULL);
+        break;
+    }
+    case K_COMBINE: K->combine(p[0], p[1], m, R_K1, n, p[2], NULL); break;
     }
 }
 
@@ -867,6 +939,9 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
         {K_GATENORM, "gated-group-rmsnorm/g2", "keel_ecu_gate_norm", 2, {{64, 0, 1, 3}, {512, 0, 8, 8}}, twin_GROUPS, "group-too-wide", 3},
         {K_ATTN, "attention/h4kv2d64", "keel_ecu_attention", 2, {{9, 0, 1, 3}, {150, 0, 8, 8}}, twin_ROWLEAK, "row-leak", 4},
         {K_ROUTE, "route/e16k6", "keel_ecu_route", 1, {{16, R_K1, 1, 8}}, twin_TIES, "ties-to-higher-id", 3},
+        {K_ROUTED_UP, "matvec-routed/q4g64/bf16/relu2", "keel_ecu_matvec_routed", 2, {{24, 64, 1, 3}, {130, 256, 8, 8}}, twin_NOBIAS, "bias-dropped", 3},
+        {K_ROUTED_DOWN, "matvec-routed/q4g64/bf16/per-item", "keel_ecu_matvec_routed", 2, {{24, 64, 1, 3}, {130, 256, 8, 8}}, twin_NOBIAS, "bias-dropped", 3},
+        {K_COMBINE, "combine/k6", "keel_ecu_combine", 2, {{40, 0, 1, 3}, {300, 0, 8, 8}}, twin_NOBIAS, "slot-dropped", 3},
         {K_ARGMAX, "argmax", "keel_ecu_argmax", 2, {{7, 0, 1, 1}, {5000, 0, 1, 1}}, twin_TIES, "ties-to-higher-id", 3},
     };
     int added = 0;

@@ -173,6 +173,9 @@ size_t keel_cuda_engine_weight_bytes(const keel_cuda_engine *e);
 keel_code keel_cuda_engine_forward(keel_cuda_engine *e, const int *tokens, int n, float *logits,
                                    keel_logits_mode mode, float *hidden, keel_err *err);
 void keel_cuda_engine_set_window(keel_cuda_engine *e, int rows);
+/* Activations into the matrices: BF16 (the stream tiles; default) or F32 (the fp32 matvec: slower, within float32
+ * rounding of the CPU engine). Other dtypes are KEEL_E_ARG. */
+keel_code keel_cuda_engine_set_activations(keel_cuda_engine *e, keel_dtype dt, keel_err *err);
 /* As keel_engine_mtp, on the GPU. */
 keel_code keel_cuda_engine_mtp(keel_cuda_engine *e, const float *h, const int *next, int n, float *logits,
                                float *out_hidden, keel_err *err);

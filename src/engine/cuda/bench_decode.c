@@ -11,7 +11,7 @@
 #endif
 
 static const char *const USAGE =
-    "usage: keel bench decode MODEL_DIR [--prompt-tokens P] [--tokens N] [--backend cpu|cuda]\n"
+    "usage: keel bench decode MODEL_DIR [--prompt-tokens P] [--tokens N] [--backend cpu|cuda] [--activations bf16|f32]\n"
     "  runs a P-token prompt (default 512) then N greedy decode steps (default 128) and reports prompt and decode\n"
     "  tokens/s; on cuda also the time per token by kernel family (CUDA events, a second pass).\n";
 
@@ -45,6 +45,7 @@ static int first_token_resets(void *user, int tok, int64_t pos) {
 int keel_engine_bench_decode(int argc, char **argv) {
     const char *dir = NULL;
     int P = 512, N = 128, backend = -1;
+    bool f32 = false;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -59,6 +60,9 @@ int keel_engine_bench_decode(int argc, char **argv) {
             if (!parse_count(v, 1, 1 << 20, &P)) return fail("--prompt-tokens '%s': expected 1..1048576%s", v ? v : "", "");
         } else if (!strcmp(o, "--tokens")) {
             if (!parse_count(v, 2, 1 << 20, &N)) return fail("--tokens '%s': expected 2..1048576%s", v ? v : "", "");
+        } else if (!strcmp(o, "--activations")) {
+            if (v && (!strcmp(v, "bf16") || !strcmp(v, "f32"))) f32 = !strcmp(v, "f32");
+            else return fail("--activations '%s': expected bf16 or f32%s", v ? v : "", "");
         } else if (!strcmp(o, "--backend")) {
             if (v && !strcmp(v, "cpu")) backend = KEEL_BACKEND_CPU;
             else if (v && !strcmp(v, "cuda")) backend = KEEL_BACKEND_CUDA;
@@ -75,6 +79,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
     if (backend == KEEL_BACKEND_CUDA) return fail("--backend cuda: this keel was built without CUDA%s%s", "", "");
     backend = KEEL_BACKEND_CPU;
 #endif
+    if (f32 && backend == KEEL_BACKEND_CPU) return fail("--activations f32 is a CUDA engine option%s%s", "", "");
     keel_model m;
     keel_err err = {0};
     if (keel_model_load(&m, dir, "", &err) != KEEL_OK) {
@@ -108,6 +113,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
     if (backend == KEEL_BACKEND_CUDA) {
         keel_cuda_device_name(dev, sizeof dev);
         if (keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK ||
+            keel_cuda_engine_set_activations(ce, f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK ||
             keel_cuda_generate(ce, prompt, KEEL_MIN(P, 8), &o, NULL, NULL, &res, &err) != KEEL_OK || /* warm-up */
             keel_cuda_generate(ce, prompt, P, &o, NULL, NULL, &res, &err) != KEEL_OK) {
             rc = fail("%s%s", err.msg, "");
@@ -125,7 +131,8 @@ int keel_engine_bench_decode(int argc, char **argv) {
     }
 #endif
     if (!rc) {
-        printf("keel bench decode: %s, backend %s (%s)\n", dir, backend == KEEL_BACKEND_CUDA ? "cuda" : "cpu", dev);
+        printf("keel bench decode: %s, backend %s (%s)%s\n", dir, backend == KEEL_BACKEND_CUDA ? "cuda" : "cpu", dev,
+               backend == KEEL_BACKEND_CUDA ? (f32 ? ", f32 activations" : ", bf16 activations") : "");
         printf("prompt: %d tokens in %.3f s: %.1f tokens/s\n", res.n_prompt, res.prompt_s,
                res.prompt_s > 0 ? res.n_prompt / res.prompt_s : 0.0);
         printf("decode: %d tokens in %.3f s: %.2f tokens/s at batch 1 (%.3f ms/token)\n", res.n_gen, res.gen_s,

@@ -45,6 +45,12 @@ void keel_ecu_add_bias(float *y, int m, int n, int ld, const keel_ecu_vec *b, vo
  * scale*sum(x*q) + bias*sum(x). x F32 or BF16, y F32 or BF16. */
 void keel_ecu_matvec(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y, keel_dtype ydt,
                      keel_epilogue epi, void *st);
+/* Routed fp32 matvec: for each of m*K items i, y (m*K, n) row i = epi(x row . W[sel[i]]^T) with x row i when
+ * x_per_item, else row i / K; W a stack of experts (expert_words / expert_groups apart). */
+void keel_ecu_matvec_routed(const keel_cuda_qw *W, const float *x, bool x_per_item, int m, const int *sel, int K,
+                            float *y, keel_epilogue epi, void *st);
+/* out (m, n) = sum over slots k in order of w[(r*K+k)*8] * y (m*K, n) row r*K+k, from 0 (the CPU engine's order). */
+void keel_ecu_combine(const float *y, const float *w, int m, int K, int n, float *out, void *st);
 /* Mamba causal conv + SiLU of m consecutive tokens: input columns [off, off+C) of proj (m, ld), window win
  * (K-1, C) oldest first (updated), weights cw (C, K), bias cb; out (m, C). */
 void keel_ecu_conv(const float *proj, int ld, int off, float *win, const keel_ecu_vec *cw, const keel_ecu_vec *cb,
@@ -54,13 +60,14 @@ void keel_ecu_conv(const float *proj, int ld, int off, float *win, const keel_ec
 void keel_ecu_ssm(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state,
                   const keel_ecu_vec *dt_bias, const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH, int P,
                   int N, int G, int m, float *y, void *st);
-/* Gated grouped RMSNorm: out (m, DI) bf16 = groupnorm(y * silu(z)) * w, z = proj (m, ld) columns [0, DI). */
+/* Gated grouped RMSNorm: out (m, DI) = groupnorm(y * silu(z)) * w, z = proj (m, ld) columns [0, DI); into out
+ * (bf16) and/or outf (fp32), either may be NULL. */
 void keel_ecu_gate_norm(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI, float eps,
-                        int m, uint16_t *out, void *st);
+                        int m, uint16_t *out, float *outf, void *st);
 /* Causal GQA without RoPE for rows at positions pos..pos+m-1 over caches kc, vc (ctx, kvd) already holding them;
- * q (m, nh*hd) fp32; scores scratch (m, nh, ctx); o (m, nh*hd) bf16. */
+ * q (m, nh*hd) fp32; scores scratch (m, nh, ctx); o (m, nh*hd) into o (bf16) and/or of (fp32), either may be NULL. */
 void keel_ecu_attention(const float *q, const float *kc, const float *vc, int kvd, int pos, int m, int nh, int nkv,
-                        int hd, float *scores, int ctx, uint16_t *o, void *st);
+                        int hd, float *scores, int ctx, uint16_t *o, float *of, void *st);
 /* The router of each of m rows from its logits (m, E): items (m*K) {expert, mask 1} in slot order and weights
  * (m*K*8) [item][row 0] for one-row routed launches; sel (m*K) the experts. */
 void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group, int topk_group,
@@ -73,7 +80,8 @@ void keel_ecu_argmax(const float *v, int n, int *out, void *st);
 #define KEEL_ECU_PLANT_NONE 0
 #define KEEL_ECU_PLANT_WIDTH4 1  /* embed: codes read as 4-bit (gate 3) */
 #define KEEL_ECU_PLANT_PASTEND 2 /* rmsnorm, add_bias: one element written past the last row (gate 2) */
-#define KEEL_ECU_PLANT_NOBIAS 3  /* add_rmsnorm: bias dropped; matvec: group bias term dropped; ssm: D skip dropped */
+#define KEEL_ECU_PLANT_NOBIAS 3  /* add_rmsnorm: bias dropped; matvec: group bias term dropped; ssm: D skip dropped;
+                                  * combine: the last slot dropped */
 #define KEEL_ECU_PLANT_ROWLEAK 4 /* matvec (float) and attention: a row's bits depend on the window (gate 4) */
 #define KEEL_ECU_PLANT_NOSHIFT 5 /* conv: the window never takes the new input (gate 3) */
 #define KEEL_ECU_PLANT_GROUPS 6  /* gate_norm: the first group one channel too wide (gate 3) */
@@ -94,9 +102,12 @@ void keel_contract_twin_ecu_ssm(const float *xbc, int CD, const float *proj, int
                                 const keel_ecu_vec *dt_bias, const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH,
                                 int P, int N, int G, int m, float *y, void *st);
 void keel_contract_twin_ecu_gate_norm(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI,
-                                      float eps, int m, uint16_t *out, void *st);
+                                      float eps, int m, uint16_t *out, float *outf, void *st);
 void keel_contract_twin_ecu_attention(const float *q, const float *kc, const float *vc, int kvd, int pos, int m,
-                                      int nh, int nkv, int hd, float *scores, int ctx, uint16_t *o, void *st);
+                                      int nh, int nkv, int hd, float *scores, int ctx, uint16_t *o, float *of, void *st);
+void keel_contract_twin_ecu_matvec_routed(const keel_cuda_qw *W, const float *x, bool x_per_item, int m,
+                                          const int *sel, int K, float *y, keel_epilogue epi, void *st);
+void keel_contract_twin_ecu_combine(const float *y, const float *w, int m, int K, int n, float *out, void *st);
 void keel_contract_twin_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group,
                                   int topk_group, bool norm_topk, float scaling, int m, keel_cuda_route *items,
                                   float *weights, int *sel, void *st);

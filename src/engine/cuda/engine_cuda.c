@@ -75,6 +75,8 @@ struct keel_cuda_engine {
     float *conv, *ssm, *kc, *vc, *mtp_k, *mtp_v;
     int *tok, *arg, *sel;
     float *x, *xnf, *mix, *mix2, *proj, *xbc, *ymid, *router, *rweights, *scores, *logits, *hin, *catf;
+    float *midf, *hexpf, *yexp; /* fp32 activations mode */
+    bool f32;                   /* activations into the matrices in fp32 (the fp32 matvec) instead of bf16 tiles */
     uint16_t *xnb, *midb, *hexp, *catb;
     keel_cuda_route *items;
     int wide, midw;
@@ -263,6 +265,9 @@ static void layout(keel_cuda_engine *e, carve *c) {
     e->ymid = take(c, WIN * (size_t)KEEL_MAX(g->d_inner, 1) * fl);
     e->midb = take(c, WIN * (size_t)e->midw * bf);
     e->hexp = take(c, K * (size_t)KEEL_MAX(g->moe_inter, 1) * bf);
+    e->midf = take(c, WIN * (size_t)e->midw * fl);
+    e->hexpf = take(c, WIN * K * (size_t)KEEL_MAX(g->moe_inter, 1) * fl);
+    e->yexp = take(c, WIN * K * H * fl);
     e->router = take(c, WIN * E * fl);
     e->items = take(c, WIN * K * sizeof(keel_cuda_route));
     e->rweights = take(c, WIN * K * 8 * fl);
@@ -394,13 +399,24 @@ int keel_cuda_engine_max_ctx(const keel_cuda_engine *e) { return e->max_ctx; }
 size_t keel_cuda_engine_weight_bytes(const keel_cuda_engine *e) { return e->weight_bytes; }
 void keel_cuda_engine_set_window(keel_cuda_engine *e, int rows) { e->window = rows >= 1 && rows <= WIN ? rows : WIN; }
 
+keel_code keel_cuda_engine_set_activations(keel_cuda_engine *e, keel_dtype dt, keel_err *err) {
+    if (dt != KEEL_DT_BF16 && dt != KEEL_DT_F32)
+        return keel_err_set(err, KEEL_E_ARG, "activations %s: the CUDA engine takes BF16 (stream tiles) or F32",
+                            keel_dtype_name(dt));
+    e->f32 = dt == KEEL_DT_F32;
+    return KEEL_OK;
+}
+
 /* ---- the layers ---- */
 
-/* y = x . W^T: a stream tile on bf16 rows, or the fp32 matvec for a float matrix (fp32 rows when given). */
+/* y = x . W^T: a stream tile on bf16 rows, or the fp32 matvec for a float matrix (fp32 rows when given) and for
+ * every matrix in fp32 activations mode (which always gives fp32 rows). */
 static void mm(keel_cuda_engine *e, int fam, const keel_cuda_qw *W, const float *xf, const uint16_t *xb, int m,
                void *y, keel_dtype ydt, keel_epilogue epi) {
     fam_begin(e, fam);
-    if (W->bits == 0) keel_ecu_matvec(W, xf ? (const void *)xf : (const void *)xb, xf ? KEEL_DT_F32 : KEEL_DT_BF16, m, y, ydt, epi, NULL);
+    KEEL_ASSERT(!e->f32 || xf);
+    if (W->bits == 0 || e->f32)
+        keel_ecu_matvec(W, xf ? (const void *)xf : (const void *)xb, xf ? KEEL_DT_F32 : KEEL_DT_BF16, m, y, ydt, epi, NULL);
     else keel_cuda_stream_matmul(W, xb, KEEL_DT_BF16, m, y, ydt, epi, NULL);
     fam_end(e);
 }
@@ -416,9 +432,10 @@ static void mamba(keel_cuda_engine *e, const dmamba *w, int slot, int m) {
     keel_ecu_conv(e->proj, PD, DI, win, &w->conv_w, g->conv_bias ? &w->conv_b : NULL, K, CD, m, e->xbc, NULL);
     keel_ecu_ssm(e->xbc, CD, e->proj, PD, DI + CD, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
                  g->mamba_head_dim, g->ssm_state, g->n_groups, m, e->ymid, NULL);
-    keel_ecu_gate_norm(e->ymid, e->proj, PD, &w->norm, g->n_groups, DI, g->norm_eps, m, e->midb, NULL);
+    keel_ecu_gate_norm(e->ymid, e->proj, PD, &w->norm, g->n_groups, DI, g->norm_eps, m, e->f32 ? NULL : e->midb,
+                       e->f32 ? e->midf : NULL, NULL);
     fam_end(e);
-    mm(e, KEEL_CUF_PROJ, &w->out_proj, NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
+    mm(e, KEEL_CUF_PROJ, &w->out_proj, e->f32 ? e->midf : NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
 }
 
 static void attention(keel_cuda_engine *e, const dattn *w, float *kc, float *vc, int pos, int m) {
@@ -433,12 +450,17 @@ static void attention(keel_cuda_engine *e, const dattn *w, float *kc, float *vc,
     keel_ecu_add_bias(k, m, kvd, kvd, &w->kb, NULL);
     keel_ecu_add_bias(v, m, kvd, kvd, &w->vb, NULL);
     keel_ecu_attention(e->proj, kc, vc, kvd, pos, m, g->n_head, g->n_kv_head, g->head_dim, e->scores, e->max_ctx,
-                       e->midb, NULL);
+                       e->f32 ? NULL : e->midb, e->f32 ? e->midf : NULL, NULL);
     fam_end(e);
-    mm(e, KEEL_CUF_PROJ, &w->o, NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
+    mm(e, KEEL_CUF_PROJ, &w->o, e->f32 ? e->midf : NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
 }
 
 static void mlp(keel_cuda_engine *e, const dmlp *w, int m, float *out) {
+    if (e->f32) {
+        mm(e, KEEL_CUF_PROJ, &w->up, e->xnf, e->xnb, m, e->midf, KEEL_DT_F32, KEEL_EPI_RELU2);
+        mm(e, KEEL_CUF_PROJ, &w->down, e->midf, NULL, m, out, KEEL_DT_F32, KEEL_EPI_NONE);
+        return;
+    }
     mm(e, KEEL_CUF_PROJ, &w->up, e->xnf, e->xnb, m, e->midb, KEEL_DT_BF16, KEEL_EPI_RELU2);
     mm(e, KEEL_CUF_PROJ, &w->down, NULL, e->midb, m, out, KEEL_DT_F32, KEEL_EPI_NONE);
 }
@@ -453,7 +475,12 @@ static void moe(keel_cuda_engine *e, const dmoe *w, int m) {
                    e->items, e->rweights, e->sel, NULL);
     fam_end(e);
     fam_begin(e, KEEL_CUF_EXPERTS);
-    for (int r = 0; r < m; r++) {
+    if (e->f32) { /* every row's items in one launch: the fp32 matvec never splits k */
+        keel_ecu_matvec_routed(&w->fc1, e->xnf, false, m, e->sel, K, e->hexpf, KEEL_EPI_RELU2, NULL);
+        keel_ecu_matvec_routed(&w->fc2, e->hexpf, true, m, e->sel, K, e->yexp, KEEL_EPI_NONE, NULL);
+        keel_ecu_combine(e->yexp, e->rweights, m, K, H, e->mix, NULL);
+    }
+    for (int r = 0; r < m && !e->f32; r++) {
         keel_cuda_stream_experts_up(&w->fc1, e->xnb + (size_t)r * H, KEEL_DT_BF16, 1, e->items + (size_t)r * K, K,
                                     e->hexp, KEEL_DT_BF16, KEEL_EPI_RELU2, NULL);
         keel_cuda_stream_experts_down(&w->fc2, e->hexp, KEEL_DT_BF16, 1, e->items + (size_t)r * K,

@@ -155,22 +155,33 @@ __global__ void add_bias_kernel(float *y, int m, int n, int ld, DVec b) {
     if (PLANTED(KEEL_ECU_PLANT_PASTEND) && i == (long long)m * n - 1) y[r * ld + n] = 0.0f;
 }
 
-/* One warp per (row, output): lane j takes codes j, j+32, ... of each group; the group sums are warp-reduced. */
-__global__ void matvec_kernel(QW W, const void *x, int x_bf16, int m, void *y, int y_bf16, int epi) {
+/* Routing of a matvec: item i of m*K reads expert sel[i] (experts ew words / es scale elements apart) and x row
+ * i (x_per_item) or i / K; y row i. Without sel: item i is row i of one matrix. */
+struct Route {
+    const int *sel;
+    int K, x_per_item;
+    long long ew, es;
+};
+
+/* One warp per (item, output): lane j takes codes j, j+32, ... of each group; the group sums are warp-reduced. */
+__global__ void matvec_kernel(QW W, Route R, const void *x, int x_bf16, int m, void *y, int y_bf16, int epi) {
     const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = (int)(threadIdx.x & 31);
-    if (warp >= m * W.n) return;
-    const int r = warp / W.n, o = warp % W.n;
-    const long long xo = (long long)r * W.k;
+    const int items = R.sel ? m * R.K : m;
+    if (warp >= items * W.n) return;
+    const int it = warp / W.n, o = warp % W.n;
+    const int xr = R.sel && !R.x_per_item ? it / R.K : it;
+    const long long ex = R.sel ? R.sel[it] : 0;
+    const long long xo = (long long)xr * W.k;
     float acc = 0.0f;
     if (W.bits == 0) {
         for (int c = lane; c < W.k; c += 32) {
             float xv = x_bf16 ? kp_bf16_to_f32(((const uint16_t *)x)[xo + c]) : ((const float *)x)[xo + c];
-            acc = __fadd_rn(acc, __fmul_rn(xv, ld_dt(W.w, W.sdt, (long long)o * W.k + c)));
+            acc = __fadd_rn(acc, __fmul_rn(xv, ld_dt(W.w, W.sdt, ex * R.es + (long long)o * W.k + c)));
         }
         acc = warp_sum(acc);
         if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && m > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-22f);
     } else {
-        const uint32_t *rw = W.w + (long long)o * ((long long)W.k * W.bits / 32);
+        const uint32_t *rw = W.w + ex * R.ew + (long long)o * ((long long)W.k * W.bits / 32);
         const int ng = W.k / W.group;
         for (int g = 0; g < ng; g++) {
             float sxq = 0.0f, sx = 0.0f;
@@ -182,17 +193,30 @@ __global__ void matvec_kernel(QW W, const void *x, int x_bf16, int m, void *y, i
             }
             sxq = warp_sum(sxq);
             sx = warp_sum(sx);
-            long long gi = (long long)o * ng + g;
+            long long gi = ex * R.es + (long long)o * ng + g;
             const float bterm = PLANTED(KEEL_ECU_PLANT_NOBIAS) ? 0.0f : __fmul_rn(ld_dt(W.bi, W.sdt, gi), sx);
             acc = __fadd_rn(acc, __fadd_rn(__fmul_rn(ld_dt(W.sc, W.sdt, gi), sxq), bterm));
         }
     }
     if (lane == 0) {
         if (epi == KEEL_EPI_RELU2) acc = acc > 0.0f ? __fmul_rn(acc, acc) : 0.0f;
-        long long yi = (long long)r * W.n + o;
+        long long yi = (long long)it * W.n + o;
         if (y_bf16) ((uint16_t *)y)[yi] = kp_f32_to_bf16(acc);
         else ((float *)y)[yi] = acc;
     }
+}
+
+/* out (m, n) = sum over slots k in order of w[(r*K+k)*8] * y[(r*K+k)] (the CPU engine's slot-order sum). */
+__global__ void combine_kernel(const float *y, const float *w, int m, int K, int n, float *out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)m * n) return;
+    const long long r = i / n, c = i % n;
+    float acc = 0.0f;
+    for (int k = 0; k < K; k++) {
+        if (PLANTED(KEEL_ECU_PLANT_NOBIAS) && k == K - 1) break;
+        acc = __fadd_rn(acc, __fmul_rn(w[(r * K + k) * 8], y[(r * K + k) * n + c]));
+    }
+    out[i] = acc;
 }
 
 constexpr int kMaxConvK = 8;
@@ -257,7 +281,7 @@ __global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, 
 }
 
 __global__ void gate_norm_kernel(const float *y, const float *proj, int ld, DVec w, int G, int DI, float eps,
-                                 uint16_t *out) {
+                                 uint16_t *out, float *outf) {
     __shared__ float buf[kNormThreads];
     const int r = blockIdx.x / G, q = blockIdx.x % G, gs = PLANTED(KEEL_ECU_PLANT_GROUPS) && q == 0 ? DI / G + 1 : DI / G;
     const float *yr = y + (long long)r * DI + (long long)q * gs, *z = proj + (long long)r * ld + (long long)q * gs;
@@ -268,10 +292,12 @@ __global__ void gate_norm_kernel(const float *y, const float *proj, int ld, DVec
     }
     ss = block_sum(ss, buf);
     const float inv = 1.0f / sqrtf(__fadd_rn(ss / (float)gs, eps));
-    uint16_t *o = out + (long long)r * DI + (long long)q * gs;
+    uint16_t *o = out ? out + (long long)r * DI + (long long)q * gs : nullptr;
     for (int i = threadIdx.x; i < gs; i += blockDim.x) {
         float v = __fmul_rn(yr[i], silu(z[i]));
-        o[i] = kp_f32_to_bf16(__fmul_rn(__fmul_rn(v, inv), vget(w, (long long)q * gs + i)));
+        const float t = __fmul_rn(__fmul_rn(v, inv), vget(w, (long long)q * gs + i));
+        if (o) o[i] = kp_f32_to_bf16(t);
+        if (outf) outf[(long long)r * DI + (long long)q * gs + i] = t;
     }
 }
 
@@ -281,7 +307,7 @@ constexpr int kMaxHeadDim = 256;
 /* One block per (query head, row): scores, a max-subtracted softmax and the weighted sum, two passes over the
  * cache; the same arithmetic for a row whatever m is. */
 __global__ void attention_kernel(const float *q, const float *kc, const float *vc, int kvd, int pos, int nh, int nkv,
-                                 int hd, float *scores, int ctx, uint16_t *o) {
+                                 int hd, float *scores, int ctx, uint16_t *o, float *of) {
     __shared__ float qs[kMaxHeadDim];
     __shared__ float buf[kAttnThreads];
     const int h = blockIdx.x, r = blockIdx.y, p = pos + r, kh = h / (nh / nkv), qd = nh * hd;
@@ -312,7 +338,8 @@ __global__ void attention_kernel(const float *q, const float *kc, const float *v
         const float *v = vc + (long long)kh * hd + i;
         for (int j = 0; j <= p; j++) acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(sc[j], inv), v[(long long)j * kvd]));
         if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && gridDim.y > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-10f);
-        o[(long long)r * qd + (long long)h * hd + i] = kp_f32_to_bf16(acc);
+        if (o) o[(long long)r * qd + (long long)h * hd + i] = kp_f32_to_bf16(acc);
+        if (of) of[(long long)r * qd + (long long)h * hd + i] = acc;
     }
 }
 
@@ -456,8 +483,23 @@ extern "C" void KEEL_ECU_FN(matvec)(const keel_cuda_qw *W, const void *x, keel_d
     KEEL_ASSERT(xdt == KEEL_DT_F32 || xdt == KEEL_DT_BF16);
     KEEL_ASSERT(ydt == KEEL_DT_F32 || ydt == KEEL_DT_BF16);
     long long threads = (long long)m * W->n * 32;
-    matvec_kernel<<<blocks_for(threads, 256), 256, 0, (cudaStream_t)st>>>(qw(W), x, xdt == KEEL_DT_BF16, m, y,
+    Route R = {nullptr, 1, 0, 0, 0};
+    matvec_kernel<<<blocks_for(threads, 256), 256, 0, (cudaStream_t)st>>>(qw(W), R, x, xdt == KEEL_DT_BF16, m, y,
                                                                           ydt == KEEL_DT_BF16, (int)epi);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void KEEL_ECU_FN(matvec_routed)(const keel_cuda_qw *W, const float *x, bool x_per_item, int m,
+                                           const int *sel, int K, float *y, keel_epilogue epi, void *st) {
+    const long long ew = W->expert_words, es = W->expert_groups ? W->expert_groups : (long long)W->n * W->k;
+    Route R = {sel, K, x_per_item ? 1 : 0, ew, W->bits ? es : (long long)W->n * W->k};
+    long long threads = (long long)m * K * W->n * 32;
+    matvec_kernel<<<blocks_for(threads, 256), 256, 0, (cudaStream_t)st>>>(qw(W), R, x, 0, m, y, 0, (int)epi);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void KEEL_ECU_FN(combine)(const float *y, const float *w, int m, int K, int n, float *out, void *st) {
+    combine_kernel<<<blocks_for((long long)m * n, 256), 256, 0, (cudaStream_t)st>>>(y, w, m, K, n, out);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -478,16 +520,17 @@ extern "C" void KEEL_ECU_FN(ssm)(const float *xbc, int CD, const float *proj, in
 }
 
 extern "C" void KEEL_ECU_FN(gate_norm)(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI,
-                                   float eps, int m, uint16_t *out, void *st) {
-    gate_norm_kernel<<<(unsigned)(m * G), kNormThreads, 0, (cudaStream_t)st>>>(y, proj, ld, dv(w), G, DI, eps, out);
+                                   float eps, int m, uint16_t *out, float *outf, void *st) {
+    gate_norm_kernel<<<(unsigned)(m * G), kNormThreads, 0, (cudaStream_t)st>>>(y, proj, ld, dv(w), G, DI, eps, out,
+                                                                                 outf);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void KEEL_ECU_FN(attention)(const float *q, const float *kc, const float *vc, int kvd, int pos, int m, int nh,
-                                   int nkv, int hd, float *scores, int ctx, uint16_t *o, void *st) {
+                                   int nkv, int hd, float *scores, int ctx, uint16_t *o, float *of, void *st) {
     KEEL_ASSERTF(hd >= 1 && hd <= kMaxHeadDim, "head_dim %d (1..%d)", hd, kMaxHeadDim);
     dim3 grid((unsigned)nh, (unsigned)m);
-    attention_kernel<<<grid, kAttnThreads, 0, (cudaStream_t)st>>>(q, kc, vc, kvd, pos, nh, nkv, hd, scores, ctx, o);
+    attention_kernel<<<grid, kAttnThreads, 0, (cudaStream_t)st>>>(q, kc, vc, kvd, pos, nh, nkv, hd, scores, ctx, o, of);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 

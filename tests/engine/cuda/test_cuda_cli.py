@@ -57,6 +57,13 @@ def main():
     print("logits: max |d| %.4g, mtp max |d| %.4g" % (np.abs(got["logits"] - ref["logits"]).max(),
                                                      np.abs(got["mtp_logits"] - ref["mtp_logits"]).max()))
 
+    r = keel("logits", FIX, "--tokens", ",".join(map(str, toks)), "--out", out, "--backend", "cuda",
+             "--activations", "f32")
+    assert r.returncode == 0, r.stderr
+    got = load_st(out)
+    assert "f32" in got["__metadata__"]["made_by"]
+    assert np.abs(got["logits"] - ref["logits"]).max() <= 1e-3
+
     pl = int(ref["__metadata__"]["prompt_len"])
     want = ref["greedy_tokens"].tolist()
     r = keel("run", FIX, "--tokens", ",".join(map(str, toks[:pl])), "--greedy", "-n", str(len(want)), "--ids",
@@ -73,6 +80,8 @@ def main():
 
     r = keel("logits", FIX, "--tokens", "1,2", "--out", out, "--backend", "tpu")
     assert r.returncode != 0 and "--backend 'tpu'" in r.stderr, r.stderr
+    r = keel("logits", FIX, "--tokens", "1,2", "--out", out, "--backend", "cpu", "--activations", "f32")
+    assert r.returncode != 0 and "CUDA engine option" in r.stderr, r.stderr
     r = keel("bench", "decode", FIX, "--backend", "tpu")
     assert r.returncode != 0 and "--backend 'tpu'" in r.stderr, r.stderr
     print("ok")

@@ -1,6 +1,6 @@
 /* engine/cuda: the GPU engine on nemotron_h_tiny against the float64 reference and the CPU engine: teacher-forced
- * logits within the bf16-activation bound, top-1 at every position, greedy tokens, the MTP head; windows of 1..8
- * rows bit-identical to one-token decodes; errors for bad tokens, a context that is too long and a checkpoint that
+ * logits within the bf16-activation bound, top-1 at every position, greedy tokens, the MTP head; with fp32
+ * activations within 1e-3; windows of 1..8 rows bit-identical to one-token decodes; errors for bad tokens, a context that is too long and a checkpoint that
  * does not fit. Skips (77) without CUDA or a device.
  *
  * The bound: activations into the stream tiles are rounded to bf16 (relative error <= 2^-9 each). A logit's error
@@ -256,6 +256,50 @@ static void test_mtp(void **state) {
     keel_cuda_engine_free(e);
 }
 
+static float max_abs_diff(const float *a, const float *b, size_t n) {
+    float d = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float x = fabsf(a[i] - b[i]);
+        if (!(x <= d)) d = x; /* NaN propagates */
+    }
+    return d;
+}
+
+/* fp32 activations: within 1e-3 of the reference (model, hidden and MTP head), top-1 everywhere, windows of 8 rows
+ * bit-identical to one-token steps. */
+static void test_f32_activations(void **state) {
+    fx *f = *state;
+    const keel_config *c = &f->model.cfg;
+    const int n = f->n_tok, V = c->vocab, H = c->hidden;
+    keel_cuda_engine *e = NULL;
+    keel_err err = {0};
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, 64, &err), KEEL_OK);
+    assert_int_equal(keel_cuda_engine_set_activations(e, KEEL_DT_F16, &err), KEEL_E_ARG);
+    assert_int_equal(keel_cuda_engine_set_activations(e, KEEL_DT_F32, &err), KEEL_OK);
+    float *lg = malloc((size_t)n * V * sizeof(float)), *hd = malloc((size_t)n * H * sizeof(float));
+    float *one = malloc((size_t)n * V * sizeof(float)), *ml = malloc((size_t)n * V * sizeof(float));
+    assert_int_equal(keel_cuda_engine_forward(e, f->tokens, n, lg, KEEL_LOGITS_ALL, hd, &err), KEEL_OK);
+    const float dl = max_abs_diff(lg, f->logits, (size_t)n * V), dh = max_abs_diff(hd, f->hidden, (size_t)n * H);
+    assert_int_equal(keel_cuda_engine_mtp(e, hd, f->tokens + 1, n - 1, ml, NULL, &err), KEEL_OK);
+    const float *want = ref_tensor(f, "mtp_logits", KEEL_DT_F32, (int64_t)(n - 1) * V);
+    const float dm = max_abs_diff(ml, want, (size_t)(n - 1) * V);
+    print_message("f32 activations: max |logits - ref| %.3g, |hidden - ref| %.3g, |mtp - ref| %.3g\n", dl, dh, dm);
+    assert_true(dl <= 1e-3f && dh <= 1e-3f && dm <= 1e-3f);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(keel_argmax(lg + (size_t)i * V, V), keel_argmax(f->logits + (size_t)i * V, V));
+        if (i < n - 1)
+            assert_int_equal(keel_argmax(ml + (size_t)i * V, V), keel_argmax(want + (size_t)i * V, V));
+    }
+    keel_cuda_engine_reset(e);
+    keel_cuda_engine_set_window(e, 1);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(keel_cuda_engine_forward(e, f->tokens + i, 1, one + (size_t)i * V, KEEL_LOGITS_LAST, NULL, &err),
+                         KEEL_OK);
+    assert_memory_equal(one, lg, (size_t)n * V * sizeof(float));
+    free(lg), free(hd), free(one), free(ml);
+    keel_cuda_engine_free(e);
+}
+
 static void test_errors(void **state) {
     fx *f = *state;
     keel_cuda_engine *e = NULL;
@@ -298,7 +342,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_teacher_forced), cmocka_unit_test(test_windows_bit_identical),
         cmocka_unit_test(test_greedy),         cmocka_unit_test(test_mtp),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_f32_activations), cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 #endif
