@@ -31,6 +31,11 @@ step() { # name limit_s command...: runs, appends to $OUT/name.log, prints rc, t
   tail -n "${TAILN:-14}" "$OUT/$name.log"
 }
 step engine 120 $B/tests/engine_cuda_test_cuda_engine
+if [[ ${QUICK:-0} == 1 ]]; then # the engine, its contract table and the synthetic agreement only
+  TAILN=20 step contract 150 $B/tests/engine_cuda_test_cuda_engine_contract
+  TAILN=6 step synth 150 $B/tests/engine_cuda_test_cuda_synth
+  exit 0
+fi
 step cli 120 python3 tests/engine/cuda/test_cuda_cli.py
 TAILN=20 step contract 150 $B/tests/engine_cuda_test_cuda_engine_contract
 TAILN=6 step synth 150 $B/tests/engine_cuda_test_cuda_synth
