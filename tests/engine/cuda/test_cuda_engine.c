@@ -3,8 +3,8 @@
  * activations within 1e-3; windows of 1..8 rows bit-identical to one-token decodes; errors for bad tokens, a context that is too long and a checkpoint that
  * does not fit. Skips (77) without CUDA or a device.
  *
- * The bound: activations into the stream tiles are rounded to bf16 (relative error <= 2^-9 each). A logit's error
- * is at most about hops * 2^-8 * S, S = max over the vocabulary of sum_i |h_i W_vi| (the lm_head product's
+ * The bound: activations into the stream tiles are rounded to bf16 (relative error <= 2^-8 each: 8 significant
+ * bits). A logit's error is at most about hops * 2^-8 * S, S = max over the vocabulary of sum_i |h_i W_vi| (the lm_head product's
  * magnitude), hops = the bf16 roundings on the deepest path (two per layer: the mixer input and its inner
  * activation, plus the lm_head input); the norms keep each layer's gain near one. The MTP head adds its own four. */
 #include <math.h>
