@@ -24,6 +24,19 @@
 #define cudaMemcpyDeviceToDevice hipMemcpyDeviceToDevice
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaStream_t hipStream_t
+#define cudaStreamSynchronize hipStreamSynchronize
+#define cudaStreamCreate hipStreamCreate
+#define cudaStreamDestroy hipStreamDestroy
+#define cudaMemGetInfo hipMemGetInfo
+#define cudaGetErrorName hipGetErrorName
+#define cudaMemcpyToSymbol hipMemcpyToSymbol
+#define cudaMemcpyFromSymbol hipMemcpyFromSymbol
+#define cudaGetDeviceCount hipGetDeviceCount
+#define cudaDeviceProp hipDeviceProp_t
+#define cudaGetDeviceProperties hipGetDeviceProperties
+#define cudaFuncAttributes hipFuncAttributes
+#define cudaFuncGetAttributes(a, f) hipFuncGetAttributes(a, (const void *)(f))
+#define cudaEventSynchronize hipEventSynchronize
 #define cudaEvent_t hipEvent_t
 #define cudaEventCreate hipEventCreate
 #define cudaEventDestroy hipEventDestroy
