@@ -39,6 +39,14 @@
 #endif
 #define KEEL_STREAM_PLANT_HOOKS 1
 
+/* The stage body is straight-line code on CUDA; on HIP, whose mma twin is many instructions, one group at a time
+ * (unrolled, the AMD compiler spills). */
+#if defined(__HIPCC__)
+#define KEEL_STAGE_UNROLL _Pragma("unroll 1")
+#else
+#define KEEL_STAGE_UNROLL _Pragma("unroll")
+#endif
+
 namespace {
 
 constexpr int kWarps = 4;
@@ -277,10 +285,10 @@ __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *r
                                            const float2 *sa, const float2 *sb, int epi, float acc[4]) {
     using G = Geo<B>;
     (void)epi;
-#pragma unroll
+    KEEL_STAGE_UNROLL
     for (int gs = 0; gs < G::NBC / BPG; gs++) {
         float S[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
+        KEEL_STAGE_UNROLL
         for (int b = 0; b < BPG; b++) {
             const int jb = gs * BPG + b;
             uint32_t pa[4], pb[4];
