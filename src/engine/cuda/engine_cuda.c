@@ -285,10 +285,10 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     if (max_ctx > g->max_ctx)
         return keel_err_set(err, KEEL_E_RANGE, "context of %d tokens exceeds model %s's max_position_embeddings of %d",
                             max_ctx, m->dir, g->max_ctx);
-    if (keel_cuda_device_count() < 1)
-        return keel_err_set(err, KEEL_E_DEVICE, "the CUDA engine found no usable CUDA device (use --backend cpu)");
     keel_code rc = check_shapes(m, err);
     if (rc) return rc;
+    if (keel_cuda_device_count() < 1)
+        return keel_err_set(err, KEEL_E_DEVICE, "the CUDA engine found no usable CUDA device (use --backend cpu)");
     keel_cuda_engine *e = keel_xcalloc(1, sizeof *e);
     e->model = m;
     e->cfg = g;
