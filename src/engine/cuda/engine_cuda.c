@@ -3,10 +3,10 @@
  * Weights: every safetensors shard (model and MTP head) is uploaded once, packed as stored, into one device
  * allocation; a host pointer into a mapping becomes base + its offset. State and scratch: a second allocation.
  * Tokens go through in windows of up to 8 rows (the stream tiles' rows); every kernel gives a row the same bits
- * whatever window it is in, and routed experts launch one row at a time (the tiles' k-split depends on the item
- * count), so a prompt and one-token decodes agree bit for bit. Activations into the tiles are bf16; the residual
- * stream, the Mamba state and the KV cache (fp32: it keeps the projections as computed, and Nemotron-H's few
- * 2-head attention layers make it small) stay fp32. */
+ * whatever window it is in, and routed tiles launch one row at a time (their k-split depends on the item count),
+ * so a prompt and one-token decodes agree bit for bit. Activations into the tiles are bf16 (or, in fp32 mode, every
+ * matrix goes through the fp32 matvec); the residual stream, the Mamba state and the KV cache (fp32: it keeps the
+ * projections as computed, and Nemotron-H's few 2-head attention layers make it small) stay fp32. */
 #ifdef KEEL_HAVE_CUDA
 #include <math.h>
 #include <stdlib.h>
