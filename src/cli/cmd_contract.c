@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "contract/contract.h"
+#include "contract/engine_regs_cuda.h"
 
 #define EXIT_UNAVAILABLE 3
 
@@ -126,6 +127,7 @@ int keel_cli_contract(int argc, char **argv) {
             printf("NOTE cuda: not checked: %s\n", why);
         } else {
             n_cuda = keel_contract_register_cuda(&t);
+            n_cuda += keel_contract_register_cuda_engine(&t);
         }
     }
     if (list) {

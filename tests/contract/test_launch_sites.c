@@ -1,8 +1,10 @@
 /* Every kernel keel launches is registered with the contract: scans src/ for launch sites and checks each against
  * the tables (docs/kernel-contract.md, "Launch sites"). Launch entry points: keel_cpu_matmul (per epilogue used,
- * every width, group, dtype and code path must be registered), keel_cpu_relu2, and every CUDA launcher (a function
- * of src/kernels/cuda/cuda.h with a `void *stream` parameter). `<<<` launches may appear only inside
- * src/kernels/cuda, behind those launchers. A kernel's own folder (definitions, benches) is not a launch site. */
+ * every width, group, dtype and code path must be registered), keel_cpu_relu2, every CUDA launcher (a function
+ * of src/kernels/cuda/cuda.h with a `void *stream` parameter), and every CUDA engine launcher (a KEEL_ECU_FN function
+ * defined in src/engine/cuda/kernels.cu whose body launches with `<<<`). `<<<` launches may appear only inside
+ * those kernel files, behind their launchers. A kernel's own file or folder (definitions, benches) is not a
+ * launch site. */
 #define _DEFAULT_SOURCE
 #include <dirent.h>
 #include <setjmp.h>
@@ -16,8 +18,10 @@
 #include <cmocka.h>
 
 #include "contract/contract.h"
+#include "contract/engine_regs_cuda.h"
 
 #define MAX_LAUNCHERS 64
+#define ENGINE_KERNELS "src/engine/cuda/kernels.cu" /* the CUDA engine's kernel file */
 
 typedef struct scan {
     const keel_contract_table *t;
@@ -25,7 +29,8 @@ typedef struct scan {
     int n_launchers;
     int sites, unregistered;
     char report[4096];
-    const char *const *cuda_entries; /* the CUDA table's entry points (keel_contract_cuda_entries) */
+    const char *const *cuda_entries;   /* the CUDA table's entry points (keel_contract_cuda_entries) */
+    const char *const *engine_entries; /* the CUDA engine table's (keel_contract_cuda_engine_entries) */
 } scan;
 
 static void note(scan *s, const char *fmt, ...) {
@@ -80,6 +85,44 @@ static void read_launchers(scan *s, char *header) {
     }
 }
 
+/* The CUDA engine's launchers: functions defined in its kernel file as KEEL_ECU_FN(name)(...) { ... } (named
+ * keel_ecu_<name> in the real build) whose body holds a <<< launch. */
+static void read_engine_launchers(scan *s, char *text) {
+    static const char macro[] = "KEEL_ECU_FN(";
+    strip(text);
+    for (char *p = text; (p = strstr(p, macro)) != NULL; p++) {
+        if (p > text && ident(p[-1])) continue;
+        char *nm = p + sizeof macro - 1;
+        size_t len = 0;
+        while (ident(nm[len])) len++;
+        char *q = nm + len;
+        if (*q != ')') continue; /* the macro's own definition */
+        q++;
+        while (*q == ' ' || *q == '\n') q++;
+        if (*q != '(') continue;
+        int depth = 0;
+        char *e = q;
+        do depth += (*e == '(') - (*e == ')');
+        while (depth > 0 && *++e);
+        if (!*e) break;
+        char *b = e + 1;
+        while (*b == ' ' || *b == '\n') b++;
+        if (*b != '{') continue; /* a declaration, not a definition */
+        char *end = b;
+        depth = 0;
+        do depth += (*end == '{') - (*end == '}');
+        while (depth > 0 && *++end);
+        const char save = *end;
+        *end = 0;
+        const bool launches = strstr(b, "<<<") != NULL;
+        *end = save;
+        if (launches && s->n_launchers < MAX_LAUNCHERS && len < 50)
+            snprintf(s->launchers[s->n_launchers++], 64, "keel_ecu_%.*s", (int)len, nm);
+        p = end;
+        if (!*p) break;
+    }
+}
+
 static bool cpu_matmul_registered(const scan *s, keel_epilogue epi, const char *path) {
     const int bits[] = {0, 2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128};
     const keel_dtype sdts[] = {KEEL_DT_BF16, KEEL_DT_F16, KEEL_DT_F32};
@@ -101,9 +144,12 @@ static bool cpu_matmul_registered(const scan *s, keel_epilogue epi, const char *
 static bool entry_registered(const scan *s, const char *backend, const char *entry) {
     for (int i = 0; i < s->t->n; i++)
         if (strcmp(s->t->regs[i].be->name, backend) == 0 && strcmp(s->t->regs[i].entry, entry) == 0) return true;
-    if (strcmp(backend, "cuda") == 0)
+    if (strcmp(backend, "cuda") == 0) {
         for (int i = 0; s->cuda_entries[i]; i++)
             if (strcmp(s->cuda_entries[i], entry) == 0) return true;
+        for (int i = 0; s->engine_entries && s->engine_entries[i]; i++)
+            if (strcmp(s->engine_entries[i], entry) == 0) return true;
+    }
     return false;
 }
 
@@ -117,7 +163,7 @@ static int line_of(const char *text, const char *p) {
 static void scan_text(scan *s, const char *rel, char *text) {
     strip(text);
     const bool cpu_dir = strncmp(rel, "src/kernels/cpu/", 16) == 0;
-    const bool cuda_dir = strncmp(rel, "src/kernels/cuda/", 17) == 0;
+    const bool cuda_dir = strncmp(rel, "src/kernels/cuda/", 17) == 0 || strcmp(rel, ENGINE_KERNELS) == 0;
     const bool host_avx2 = strcmp(keel_contract_cpu_backend()->chip, "cpu-avx2") == 0;
     if (!cuda_dir)
         for (char *p = text; (p = strstr(p, "<<<")) != NULL; p += 3) {
@@ -221,11 +267,16 @@ static void init_scan(scan *s, const keel_contract_table *t) {
     memset(s, 0, sizeof *s);
     s->t = t;
     s->cuda_entries = keel_contract_cuda_entries;
+    s->engine_entries = keel_contract_cuda_engine_entries;
     char path[1024];
     snprintf(path, sizeof path, "%s/src/kernels/cuda/cuda.h", src_root());
     char *h = slurp(path);
     read_launchers(s, h);
     free(h);
+    snprintf(path, sizeof path, "%s/%s", src_root(), ENGINE_KERNELS);
+    char *k = slurp(path);
+    read_engine_launchers(s, k);
+    free(k);
 }
 
 static void test_source_tree_launches_are_registered(void **state) {
@@ -237,6 +288,9 @@ static void test_source_tree_launches_are_registered(void **state) {
     scan s;
     init_scan(&s, &t);
     assert_true(s.n_launchers >= 1); /* keel_cuda_stream_matmul at least: the header parse works */
+    bool engine_parsed = false; /* the engine kernel file's parse works */
+    for (int i = 0; i < s.n_launchers; i++) engine_parsed = engine_parsed || !strcmp(s.launchers[i], "keel_ecu_ssm");
+    assert_true(engine_parsed);
     scan_dir(&s, src_root(), "src");
     if (s.unregistered) fail_msg("%d of %d launch sites are not registered:\n%s", s.unregistered, s.sites, s.report);
     assert_true(s.sites >= 10); /* the engine's matmuls: the scan found them */
@@ -257,14 +311,19 @@ static void test_scan_catches_unregistered(void **state) {
     assert_int_equal(s.sites, 1);
     assert_int_equal(s.unregistered, 0);
 
-    static const char *const no_cuda_entries[] = {NULL}; /* as if the CUDA table registered nothing */
+    static const char *const no_cuda_entries[] = {NULL}; /* as if the CUDA tables registered nothing */
     s.cuda_entries = no_cuda_entries;
+    s.engine_entries = no_cuda_entries;
     char cuda[] = "void g(void) {\n  keel_cuda_stream_matmul(&W, x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE, 0);\n"
                   "  k_tile<<<grid, 128>>>(a);\n}\n";
     scan_text(&s, "src/engine/cuda/forward.cu", cuda);
     assert_int_equal(s.unregistered, 2);
     assert_non_null(strstr(s.report, "src/engine/cuda/forward.cu:2: CUDA launcher keel_cuda_stream_matmul"));
     assert_non_null(strstr(s.report, "src/engine/cuda/forward.cu:3: a <<< launch outside src/kernels/cuda"));
+    char eng[] = "void h(void) {\n  keel_ecu_rmsnorm(x, n, &w, m, n, eps, y, NULL, n, st);\n}\n";
+    scan_text(&s, "src/engine/cuda/engine_cuda.c", eng);
+    assert_int_equal(s.unregistered, 3); /* an engine launcher is a launch site too */
+    assert_non_null(strstr(s.report, "engine_cuda.c:2: CUDA launcher keel_ecu_rmsnorm"));
 
     /* A table that lost the fused relu2 registrations: a relu2 launch site is unregistered, a plain one is not. */
     keel_contract_table part;
@@ -302,8 +361,21 @@ static void test_cuda_entries_are_launchers_and_registered(void **state) {
         if (t.n > 0 && with_controls == 0)
             fail_msg("%s is listed as registered but the CUDA table has no registration of it with a control", e);
     }
+    const int n_stream = t.n;
+    keel_contract_register_cuda_engine(&t);
+    for (int i = 0; keel_contract_cuda_engine_entries[i]; i++) {
+        const char *e = keel_contract_cuda_engine_entries[i];
+        bool launcher = false;
+        for (int l = 0; l < s.n_launchers; l++) launcher = launcher || strcmp(s.launchers[l], e) == 0;
+        if (!launcher) fail_msg("keel_contract_cuda_engine_entries names %s, which launches no kernel", e);
+        int with_controls = 0;
+        for (int r = n_stream; r < t.n; r++)
+            with_controls += strcmp(t.regs[r].entry, e) == 0 && t.regs[r].n_controls > 0;
+        if (t.n > n_stream && with_controls == 0)
+            fail_msg("%s is listed as registered but the engine table has no registration of it with a control", e);
+    }
 #if defined(KEEL_HAVE_CUDA)
-    assert_true(t.n > 0); /* the table is built without touching a device */
+    assert_true(n_stream > 0); /* the table is built without touching a device */
 #endif
     keel_contract_table_free(&t);
 }
