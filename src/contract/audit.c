@@ -194,10 +194,10 @@ keel_code keel_audit_records_load(keel_audit_records *r, const char *dir, keel_e
  * check compares dsmem with the attribute the launch set. */
 #define KA_STREAM(B, X, DS, MB, MBS) {"stream_tile<" #B "," #X ">", "src/kernels/cuda/stream.cu", 128, DS, MB, MBS, false}
 static const keel_audit_kernel kernels[] = {
-    KA_STREAM(2, false, 26688, 4, 3), KA_STREAM(3, false, 26688, 4, 3), KA_STREAM(4, false, 26688, 4, 3),
-    KA_STREAM(5, false, 34880, 2, 0), KA_STREAM(6, false, 26688, 4, 3), KA_STREAM(8, false, 27712, 4, 3),
-    KA_STREAM(2, true, 26688, 4, 3),  KA_STREAM(3, true, 26688, 4, 3),  KA_STREAM(4, true, 26688, 4, 3),
-    KA_STREAM(5, true, 34880, 2, 0),  KA_STREAM(6, true, 26688, 4, 3),  KA_STREAM(8, true, 27712, 4, 3),
+    KA_STREAM(2, false, 59136, 2, 1), KA_STREAM(3, false, 56000, 2, 1), KA_STREAM(4, false, 62144, 2, 1),
+    KA_STREAM(5, false, 65216, 2, 1), KA_STREAM(6, false, 57088, 2, 1), KA_STREAM(8, false, 65280, 2, 1),
+    KA_STREAM(2, true, 59136, 2, 1),  KA_STREAM(3, true, 56000, 2, 1),  KA_STREAM(4, true, 62144, 2, 1),
+    KA_STREAM(5, true, 65216, 2, 1),  KA_STREAM(6, true, 57088, 2, 1),  KA_STREAM(8, true, 65280, 2, 1),
     {"stream_finish", "src/kernels/cuda/stream.cu", 256, 0, 1, 0, false},
     {"relu2_kernel", "src/kernels/cuda/stream.cu", 256, 0, 1, 0, false},
     {"fill_kernel", "src/kernels/cuda/bench_stream.cu", 256, 0, 1, 0, false}, /* keel bench stream */
