@@ -1,8 +1,9 @@
-/* keel contract: runs the kernel contract (gates 1-4 and planted controls) on the chips in hand.
- * Exit status: 0 nothing failed and no control missed; 1 a registration failed, a control was missed or a known
- * finding is stale; 2 bad arguments or an unreadable known-findings list; 3 the requested backend is not
- * available (a build without CUDA, or no GPU). */
+/* keel contract: runs the kernel contract (gates 1-4 and planted controls) and, on a CUDA chip, gate 5's live check.
+ * Exit status: 0 nothing failed and no control missed; 1 a registration failed, a control was missed, a known
+ * finding is stale or the live check found a limit problem; 2 bad arguments or an unreadable known-findings list;
+ * 3 the requested backend is not available (a build without CUDA, or no GPU). */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "contract/audit.h"
 #include "contract/contract.h"
 #include "contract/engine_regs_cuda.h"
 
@@ -76,6 +78,64 @@ static void list_table(const keel_contract_table *t, const char *filter_unused) 
         for (int c = 0; c < r->n_controls; c++)
             printf("%s%s@%d", c ? "," : "", r->controls[c].name, r->controls[c].gate);
         printf("\n");
+    }
+}
+
+/* Gate 5's live check on the chip in hand: every kernel of the audit's launch table, its loaded attributes against
+ * contract/records/<chip> (docs/gate5.md). LIMIT lines go to out; returns the count. */
+static int live_check(FILE *out) {
+#if defined(KEEL_HAVE_CUDA)
+    char chip[KEEL_AUDIT_CHIP_MAX], dir[1024], path[1100];
+    if (!keel_audit_live_chip(chip, sizeof chip)) {
+        fprintf(out, "LIMIT cuda - live: the CUDA runtime does not name the chip in hand\n");
+        return 1;
+    }
+    keel_audit_records_dir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/%s", dir, chip);
+    keel_audit_records recs;
+    keel_audit_records_init(&recs);
+    keel_err err = {0};
+    char *text = NULL;
+    int problems;
+    if (access(path, F_OK) != 0) {
+        problems = keel_audit_live_check(NULL, path, chip, keel_audit_live_fn, keel_audit_live_attrs, out);
+    } else if (keel_read_file(path, &text, NULL, &err) != KEEL_OK ||
+               keel_audit_records_parse(&recs, text, path, &err) != KEEL_OK) {
+        fprintf(out, "LIMIT %s - records: %s\n", chip, err.msg);
+        problems = 1;
+    } else {
+        problems = keel_audit_live_check(&recs, path, chip, keel_audit_live_fn, keel_audit_live_attrs, out);
+    }
+    free(text);
+    keel_audit_records_free(&recs);
+    return problems;
+#else
+    (void)out;
+    return 0;
+#endif
+}
+
+/* Copies the captured run to stdout; the chip's LIMIT lines go just before its SUMMARY line, which counts them. */
+static void echo_with_limits(const char *text, const char *chip, const char *limits, int n_limits) {
+    bool placed = false;
+    for (const char *line = text; line && *line;) {
+        const char *nl = strchr(line, '\n');
+        const size_t len = nl ? (size_t)(nl - line) + 1 : strlen(line);
+        char *l = keel_xstrdup(line), fixed[512];
+        l[nl ? len - 1 : len] = 0;
+        if (!placed && keel_audit_summary_add(l, chip, n_limits, fixed, sizeof fixed)) {
+            fputs(limits, stdout);
+            printf("%s\n", fixed);
+            placed = true;
+        } else {
+            fwrite(line, 1, len, stdout);
+        }
+        free(l);
+        line += len;
+    }
+    if (!placed && n_limits) { /* no SUMMARY line for the chip (no registration ran): the problems still show */
+        fputs(limits, stdout);
+        printf("SUMMARY %s live check: %d limit problems\n", chip, n_limits);
     }
 }
 
@@ -154,21 +214,39 @@ int keel_cli_contract(int argc, char **argv) {
 
     cJSON *json = json_path ? cJSON_CreateArray() : NULL;
     keel_contract_report rep;
-    const keel_code c = keel_contract_run_all(&t, filter, &known, stdout, json, &rep, &err);
+    /* with CUDA the run is captured so the chip's SUMMARY can count gate 5's live check, read after the launches
+     * set their attributes */
+    char *run_text = NULL, *lim_text = NULL;
+    size_t run_len = 0, lim_len = 0;
+    FILE *run_out = cuda ? open_memstream(&run_text, &run_len) : NULL;
+    KEEL_ASSERTF(run_out || !cuda, "open_memstream: %s", strerror(errno));
+    const keel_code c = keel_contract_run_all(&t, filter, &known, run_out ? run_out : stdout, json, &rep, &err);
     int status = 0;
+    if (c == KEEL_OK && cuda && n_cuda == 0) {
+        keel_contract_report none;
+        memset(&none, 0, sizeof none);
+        char line[384];
+        keel_contract_summary(cuda->chip, &none, line, sizeof line);
+        fprintf(run_out ? run_out : stdout, "%s\n", line);
+    }
+    int live = 0;
+    if (run_out) {
+        fclose(run_out);
+        FILE *lim = c == KEEL_OK ? open_memstream(&lim_text, &lim_len) : NULL;
+        if (lim) {
+            live = live_check(lim);
+            fclose(lim);
+        }
+        echo_with_limits(run_text, cuda->chip, lim_text ? lim_text : "", live);
+        free(run_text);
+        free(lim_text);
+    }
     if (c != KEEL_OK) {
         keel_cli_fail("contract", "%s", err.msg);
         status = 2;
     } else {
-        if (cuda && n_cuda == 0) {
-            keel_contract_report none;
-            memset(&none, 0, sizeof none);
-            char line[384];
-            keel_contract_summary(cuda->chip, &none, line, sizeof line);
-            printf("%s\n", line);
-        }
         if (rep.kernels == 0) printf("NOTE no registration matched\n");
-        status = rep.fail || rep.missed ? 1 : 0;
+        status = rep.fail || rep.missed || live ? 1 : 0;
     }
     if (json && c == KEEL_OK) {
         char *text = cJSON_Print(json);

@@ -202,6 +202,13 @@ static const keel_audit_kernel kernels[] = {
     {"relu2_kernel", "src/kernels/cuda/stream.cu", 256, 0, 1, 0, false},
     {"fill_kernel", "src/kernels/cuda/bench_stream.cu", 256, 0, 1, 0, false}, /* keel bench stream */
     {"read_kernel", "src/kernels/cuda/bench_stream.cu", 512, 0, 1, 0, false},
+    /* the CUDA engine's kernels as kernels.cu launches them: no __launch_bounds__, so one block per SM */
+#define KA_ECU(S, B) {S, "src/engine/cuda/kernels.cu", B, 0, 1, 0, false}
+    KA_ECU("embed_kernel", 256),     KA_ECU("rmsnorm_kernel", 256),   KA_ECU("add_rmsnorm_kernel", 256),
+    KA_ECU("add_bias_kernel", 256),  KA_ECU("matvec_kernel", 256),    KA_ECU("combine_kernel", 256),
+    KA_ECU("conv_kernel", 128),      KA_ECU("ssm_kernel", 128),       KA_ECU("gate_norm_kernel", 256),
+    KA_ECU("attention_kernel", 128), KA_ECU("route_kernel", 32),      KA_ECU("argmax_kernel", 1024),
+#undef KA_ECU
     /* planted twin: a run-time-indexed local array (stack frame) under a 32-register cap (spills) */
     {"gate5_local_array", "src/contract/gate5_twin.cu", 128, 0, 16, 0, true},
 };
@@ -471,4 +478,48 @@ int keel_audit_live_compare(const keel_audit_records *recs, const char *chip, co
         }
     }
     return problems;
+}
+
+int keel_audit_live_check(const keel_audit_records *recs, const char *records_dir, const char *chip,
+                          keel_audit_fn_lookup lookup, keel_audit_attrs_reader attrs, FILE *out) {
+    if (!recs || !keel_audit_records_compiler(recs, chip)) {
+        fprintf(out, "LIMIT %s - records: no records for this chip in %s (keel audit --chips %s --print-records)\n",
+                chip, records_dir ? records_dir : "(none)", chip);
+        return 1;
+    }
+    int n, problems = 0;
+    const keel_audit_kernel *k = keel_audit_kernels(&n);
+    for (int i = 0; i < n; i++) {
+        if (k[i].control) continue;
+        const void *fn = lookup ? lookup(k[i].symbol) : NULL;
+        if (!fn) {
+            fprintf(out, "LIMIT %s %s live: the launch table lists it, but no kernel lookup returns its function\n",
+                    chip, k[i].symbol);
+            problems++;
+            continue;
+        }
+        keel_audit_live got;
+        char why[256] = "";
+        if (!attrs(fn, &got, why, sizeof why)) {
+            fprintf(out, "LIMIT %s %s live: attributes unreadable: %s\n", chip, k[i].symbol, why);
+            problems++;
+            continue;
+        }
+        problems += keel_audit_live_compare(recs, chip, k[i].symbol, &got, out);
+    }
+    return problems;
+}
+
+bool keel_audit_summary_add(const char *line, const char *chip, int extra, char *buf, size_t cap) {
+    static const char tail[] = " limit problems";
+    const size_t cl = strlen(chip), ll = strlen(line), tl = sizeof tail - 1;
+    if (strncmp(line, "SUMMARY ", 8) || strncmp(line + 8, chip, cl) || line[8 + cl] != ' ' || ll < tl ||
+        strcmp(line + ll - tl, tail))
+        return false;
+    const char *num = line + ll - tl;
+    while (num > line && isdigit((unsigned char)num[-1])) num--;
+    if (num == line + ll - tl || num - line < 2 || strncmp(num - 2, "; ", 2)) return false;
+    const long long had = strtoll(num, NULL, 10);
+    const int n = snprintf(buf, cap, "%.*s%lld%s", (int)(num - line), line, had + extra, tail);
+    return n >= 0 && (size_t)n < cap;
 }

@@ -128,10 +128,26 @@ typedef struct keel_audit_live {
  * record is one). */
 int keel_audit_live_compare(const keel_audit_records *recs, const char *chip, const char *kernel,
                             const keel_audit_live *got, FILE *out);
+typedef const void *(*keel_audit_fn_lookup)(const char *symbol);
+typedef bool (*keel_audit_attrs_reader)(const void *fn, keel_audit_live *out, char *why, size_t cap);
+/* The live check on the chip in hand: for each non-control kernel of the launch table, its host function pointer
+ * from lookup, its attributes from attrs, compared with the chip's record. A chip with no records (recs NULL or
+ * no COMPILER line for chip) is one problem; a kernel lookup cannot find or attrs cannot read is one each.
+ * Prints each problem as a LIMIT line and returns the count. */
+int keel_audit_live_check(const keel_audit_records *recs, const char *records_dir, const char *chip,
+                          keel_audit_fn_lookup lookup, keel_audit_attrs_reader attrs, FILE *out);
+/* When line is chip's SUMMARY line ("SUMMARY <chip> ...; N limit problems"), writes it to buf with N + extra
+ * limit problems and returns true; false for any other line or when buf is too small. */
+bool keel_audit_summary_add(const char *line, const char *chip, int extra, char *buf, size_t cap);
+/* The records dir `keel audit` reads by default: <source dir>/contract/records, the source dir being
+ * $KEEL_SOURCE_DIR, else the tree this binary was built from. */
+void keel_audit_records_dir(char *out, size_t cap);
 /* live.cu (CUDA builds only): attributes of a kernel given its host function pointer, and the chip in hand
  * ("sm_90"); false with a reason when the runtime refuses. */
 bool keel_audit_live_attrs(const void *fn, keel_audit_live *out, char *why, size_t cap);
 bool keel_audit_live_chip(char *buf, size_t cap);
+/* live.cu: keel_cuda_kernel_fn, then keel_ecu_kernel_fn (the engine's kernels); NULL when neither knows symbol. */
+const void *keel_audit_live_fn(const char *symbol);
 
 #ifdef __cplusplus
 }

@@ -39,6 +39,12 @@ static void source_dir(const char *given, char *out, size_t cap) {
     }
 }
 
+void keel_audit_records_dir(char *out, size_t cap) {
+    char src[1024];
+    source_dir(NULL, src, sizeof src);
+    snprintf(out, cap, "%s/contract/records", src);
+}
+
 static const char *tool(const char *env, const char *dflt) {
     const char *v = getenv(env);
     return v && *v ? v : dflt;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "audit.h"
+#include "../engine/cuda/ecuda.h"
 
 extern "C" bool keel_audit_live_attrs(const void *fn, keel_audit_live *out, char *why, size_t cap) {
     cudaFuncAttributes a;
@@ -30,4 +31,9 @@ extern "C" bool keel_audit_live_chip(char *buf, size_t cap) {
     }
     snprintf(buf, cap, "sm_%d%d", major, minor);
     return true;
+}
+
+extern "C" const void *keel_audit_live_fn(const char *symbol) {
+    const void *fn = keel_cuda_kernel_fn(symbol);
+    return fn ? fn : keel_ecu_kernel_fn(symbol);
 }

@@ -1,5 +1,6 @@
 /* Gate 5 on the host: records and findings parsing (every error path), the findings list held to the records in
- * the repository, limit checks, record comparison and the live comparison on crafted values. */
+ * the repository, limit checks, record comparison, and the live check (its comparison, kernel lookup and SUMMARY
+ * count) on crafted attributes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,13 @@
 #include <cmocka.h>
 
 #include "contract/audit.h"
+#include "format/format.h"
+
+#if defined(KEEL_HAVE_CUDA)
+/* keelcore and keelcuda are static libraries linked once each, in that order: naming keel_dtype_name here pulls
+ * format/dtype.c in before stream.cu.o (reached through keel_audit_live_fn) needs it for its error messages. */
+const char *(*const keel_test_audit_dtype_name)(keel_dtype) = keel_dtype_name;
+#endif
 
 static const char *src_dir(void) {
     const char *s = getenv("KEEL_SRC");
@@ -229,12 +237,132 @@ static void test_symbols_for(void **st) {
     assert_string_equal(s[0], "relu2_kernel");
 }
 
+/* The live check's fakes: a kernel's "function pointer" is its symbol string; the attributes read back are its
+ * record's on g_chip, with g_bump added to the registers of g_bumped; g_missing resolves to nothing. */
+static const keel_audit_records *g_recs;
+static const char *g_chip, *g_bumped, *g_missing, *g_unreadable;
+static int g_bump;
+
+static const void *fake_lookup(const char *symbol) {
+    if (g_missing && !strcmp(symbol, g_missing)) return NULL;
+    const keel_audit_kernel *k = keel_audit_kernel_find(symbol);
+    return k ? k->symbol : NULL;
+}
+
+static bool fake_attrs(const void *fn, keel_audit_live *out, char *why, size_t cap) {
+    const char *sym = fn;
+    if (g_unreadable && !strcmp(sym, g_unreadable)) {
+        snprintf(why, cap, "invalid device function");
+        return false;
+    }
+    const keel_audit_record *r = keel_audit_records_find(g_recs, g_chip, sym);
+    if (!r) { /* a kernel the chip's records lack: attributes that cannot match */
+        *out = (keel_audit_live){1, 0, 0, -1};
+        return true;
+    }
+    out->regs = (int)keel_audit_record_get(r, "regs") + (g_bumped && !strcmp(sym, g_bumped) ? g_bump : 0);
+    out->local = (int)keel_audit_record_get(r, "stack");
+    out->smem = (int)keel_audit_record_get(r, "smem");
+    out->dsmem_max = (int)keel_audit_record_get(r, "dsmem");
+    return true;
+}
+
+/* Every non-control kernel of the launch table has a record on every recorded CUDA chip that the live comparison
+ * accepts; one register more, a kernel no lookup knows, unreadable attributes and a chip without records are each
+ * one limit problem naming it. */
+static void test_live_check(void **st) {
+    (void)st;
+    char rdir[1024];
+    snprintf(rdir, sizeof rdir, "%s/contract/records", src_dir());
+    keel_audit_records r;
+    keel_audit_records_init(&r);
+    keel_err err = {0};
+    if (keel_audit_records_load(&r, rdir, &err) != KEEL_OK) fail_msg("%s", err.msg);
+    g_recs = &r;
+    int n_nv = 0;
+    for (int c = 0; c < r.n_chips; c++) {
+        if (strncmp(r.chip[c], "sm_", 3)) continue; /* the live check reads CUDA attributes */
+        n_nv++;
+        g_chip = r.chip[c];
+        g_bumped = g_missing = g_unreadable = NULL;
+        FILE *o = cap_open();
+        int p = keel_audit_live_check(&r, rdir, g_chip, fake_lookup, fake_attrs, o);
+        cap_close(o);
+        if (p) fail_msg("%s: %s", g_chip, capture_buf);
+        free(capture_buf);
+    }
+    assert_true(n_nv >= 6);
+    g_chip = "sm_90";
+    g_bumped = "matvec_kernel", g_bump = 8, g_missing = "route_kernel", g_unreadable = "stream_tile<4,false>";
+    FILE *o = cap_open();
+    assert_int_equal(keel_audit_live_check(&r, rdir, "sm_90", fake_lookup, fake_attrs, o), 3);
+    assert_int_equal(keel_audit_live_check(&r, rdir, "sm_75", fake_lookup, fake_attrs, o), 1);
+    assert_int_equal(keel_audit_live_check(NULL, "/x/sm_90", "sm_90", fake_lookup, fake_attrs, o), 1);
+    cap_close(o);
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 matvec_kernel regs: recorded "));
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 route_kernel live: the launch table lists it, but no kernel"));
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 stream_tile<4,false> live: attributes unreadable: invalid"));
+    assert_non_null(strstr(capture_buf, "LIMIT sm_75 - records: no records for this chip"));
+    assert_non_null(strstr(capture_buf, "LIMIT sm_90 - records: no records for this chip in /x/sm_90"));
+    assert_null(strstr(capture_buf, "gate5_local_array")); /* the planted twin is not a loaded kernel */
+    free(capture_buf);
+    keel_audit_records_free(&r);
+}
+
+/* In a CUDA build every non-control kernel of the launch table resolves to its own host function pointer through
+ * keel_cuda_kernel_fn / keel_ecu_kernel_fn (no device needed to take a kernel's address). */
+static void test_live_symbols(void **st) {
+    (void)st;
+#if defined(KEEL_HAVE_CUDA)
+    int n;
+    const keel_audit_kernel *k = keel_audit_kernels(&n);
+    const void *seen[64];
+    int n_seen = 0, n_engine = 0;
+    for (int i = 0; i < n; i++) {
+        if (k[i].control) {
+            assert_null(keel_audit_live_fn(k[i].symbol));
+            continue;
+        }
+        const void *fn = keel_audit_live_fn(k[i].symbol);
+        if (!fn) fail_msg("%s: no kernel lookup knows it", k[i].symbol);
+        for (int j = 0; j < n_seen; j++)
+            if (seen[j] == fn) fail_msg("%s: the same function as another table entry", k[i].symbol);
+        assert_true(n_seen < 64);
+        seen[n_seen++] = fn;
+        n_engine += strstr(k[i].source, "src/engine/cuda/") != NULL;
+    }
+    assert_int_equal(n_engine, 12);
+    assert_null(keel_audit_live_fn("no_such_kernel"));
+    assert_null(keel_audit_live_fn(NULL));
+#else
+    skip();
+#endif
+}
+
+static void test_summary_add(void **st) {
+    (void)st;
+    char buf[512];
+    const char *line = "SUMMARY sm_90 602 kernels: 602 pass gates 1-4, 0 fail, 0 known findings; 40 controls: 40 red "
+                       "as planted, 0 missed; 2 limit problems";
+    assert_true(keel_audit_summary_add(line, "sm_90", 3, buf, sizeof buf));
+    assert_non_null(strstr(buf, "40 red as planted, 0 missed; 5 limit problems"));
+    assert_int_equal(strncmp(buf, line, strlen(line) - strlen("2 limit problems")), 0);
+    assert_false(keel_audit_summary_add(line, "sm_9", 3, buf, sizeof buf));
+    assert_false(keel_audit_summary_add(line, "sm_80", 3, buf, sizeof buf));
+    assert_false(keel_audit_summary_add("NOTE sm_90 x; 2 limit problems", "sm_90", 1, buf, sizeof buf));
+    assert_false(keel_audit_summary_add("SUMMARY sm_90 x; limit problems", "sm_90", 1, buf, sizeof buf));
+    assert_false(keel_audit_summary_add("SUMMARY sm_90 2 limit problems", "sm_90", 1, buf, sizeof buf));
+    assert_false(keel_audit_summary_add(line, "sm_90", 1, buf, 20)); /* too small */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_records_parse),        cmocka_unit_test(test_records_errors),
         cmocka_unit_test(test_findings_parse),       cmocka_unit_test(test_repo_findings_match_records),
         cmocka_unit_test(test_findings_check_both_ways), cmocka_unit_test(test_limits_and_compare),
         cmocka_unit_test(test_live_compare),         cmocka_unit_test(test_symbols_for),
+        cmocka_unit_test(test_live_check),           cmocka_unit_test(test_live_symbols),
+        cmocka_unit_test(test_summary_add),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

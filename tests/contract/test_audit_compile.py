@@ -7,6 +7,23 @@ keel = os.environ.get("KEEL_BIN", "build/keel")
 src = os.environ.get("KEEL_SRC", ".")
 nvcc = os.environ.get("KEEL_NVCC", "/usr/local/cuda/bin/nvcc")
 hipcc = os.environ.get("KEEL_HIPCC", "/usr/bin/hipcc")
+# 0. every __global__ of every kernel source is recorded on every recorded chip (the sources are the reference;
+#    needs no compiler)
+rec_dir = os.path.join(src, "contract/records")
+chips = sorted(os.listdir(rec_dir))
+missing = []
+for d in ("src/kernels/cuda", "src/engine/cuda"):
+    for f in sorted(os.listdir(os.path.join(src, d))):
+        if not f.endswith(".cu"):
+            continue
+        names = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", open(os.path.join(src, d, f)).read())
+        for chip in chips:
+            recorded = open(os.path.join(rec_dir, chip)).read()
+            missing += [f"{chip} {d}/{f} {n}" for n in names if not re.search(rf"^RECORD {chip} {n}[<\s]", recorded, re.M)]
+if missing or len(chips) < 8:
+    print("FAIL: kernels without records:\n" + "\n".join(missing) + f"\nchips: {chips}")
+    sys.exit(1)
+
 if not os.access(nvcc, os.X_OK):
     print(f"skip: no nvcc at {nvcc} (tools/deps.sh does not install CUDA)"); sys.exit(77)
 if not os.access(hipcc, os.X_OK):

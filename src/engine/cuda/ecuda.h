@@ -30,6 +30,9 @@ void keel_ecu_event_free(void *ev);
 void keel_ecu_event_record(void *ev, void *st);
 float keel_ecu_event_ms(void *a, void *b); /* elapsed between two recorded events (synchronizes on b) */
 
+/* The host function pointer of an engine kernel by its gate-5 audit symbol ("matvec_kernel"); NULL if unknown. */
+const void *keel_ecu_kernel_fn(const char *symbol);
+
 /* ---- kernels ---- */
 /* x (m, hidden) = rows tok[0..m) of the embedding table (quantized: scale*q + bias; or float, bits == 0). */
 void keel_ecu_embed(const keel_cuda_qw *t, const int *tok, int m, float *x, void *st);

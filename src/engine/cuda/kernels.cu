@@ -4,6 +4,7 @@
  * contraction changes the arithmetic between the two. Block reductions use a fixed tree, so results never depend on
  * which window a row is in. */
 #include <stdio.h>
+#include <string.h>
 
 #include "../../kernels/cuda/port.h"
 #include "ecuda.h"
@@ -82,7 +83,7 @@ __device__ float block_max(float v, float *buf) {
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(KP_FULL_MASK, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, kp_shfl_xor_f32(v, o));
     return v;
 }
 
@@ -362,7 +363,7 @@ __global__ void route_kernel(const float *logits, DVec corr, int E, int K, int n
         b[i] = corr.n ? __fadd_rn(s[i], vget(corr, i)) : s[i];
         used[i] = 0;
     }
-    __syncwarp();
+    kp_syncwarp();
     if (n_group > 1 && topk_group < n_group && lane == 0) {
         const int per = E / n_group;
         float gs[64];
@@ -385,22 +386,22 @@ __global__ void route_kernel(const float *logits, DVec corr, int E, int K, int n
         for (int i = 0; i < E; i++)
             if (!keep[i / per]) b[i] = 0.0f;
     }
-    __syncwarp();
+    kp_syncwarp();
     for (int k = 0; k < K; k++) {
         float bv = -INFINITY;
         int bi = -1;
         for (int i = lane; i < E; i += 32)
             if (!used[i] && (bi < 0 || better(b[i], i, bv, bi))) { bv = b[i]; bi = i; }
         for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(KP_FULL_MASK, bv, o);
-            int oi = __shfl_xor_sync(KP_FULL_MASK, bi, o);
+            float ov = kp_shfl_xor_f32(bv, o);
+            int oi = kp_shfl_xor_i32(bi, o);
             if (oi >= 0 && (bi < 0 || better(ov, oi, bv, bi))) { bv = ov; bi = oi; }
         }
         if (lane == 0) {
             used[bi] = 1;
             chosen[k] = bi;
         }
-        __syncwarp();
+        kp_syncwarp();
     }
     if (lane == 0) {
         float sum = 0.0f;
@@ -551,6 +552,25 @@ extern "C" void KEEL_ECU_FN(argmax)(const float *v, int n, int *out, void *st) {
 #if KEEL_ECU_TWIN
 extern "C" void keel_contract_twin_ecu_arm(int fault) { KEEL_CUDA_CHECK(cudaMemcpyToSymbol(g_plant, &fault, sizeof fault)); }
 #else
+/* The host function pointer of a kernel by its audit symbol (contract/records), for the gate-5 live check. */
+extern "C" const void *keel_ecu_kernel_fn(const char *symbol) {
+    static const struct {
+        const char *name;
+        const void *fn;
+    } tab[] = {
+        {"embed_kernel", (const void *)embed_kernel},         {"rmsnorm_kernel", (const void *)rmsnorm_kernel},
+        {"add_rmsnorm_kernel", (const void *)add_rmsnorm_kernel}, {"add_bias_kernel", (const void *)add_bias_kernel},
+        {"matvec_kernel", (const void *)matvec_kernel},       {"combine_kernel", (const void *)combine_kernel},
+        {"conv_kernel", (const void *)conv_kernel},           {"ssm_kernel", (const void *)ssm_kernel},
+        {"gate_norm_kernel", (const void *)gate_norm_kernel}, {"attention_kernel", (const void *)attention_kernel},
+        {"route_kernel", (const void *)route_kernel},         {"argmax_kernel", (const void *)argmax_kernel},
+    };
+    if (!symbol) return NULL;
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (!strcmp(tab[i].name, symbol)) return tab[i].fn;
+    return NULL;
+}
+
 /* ---- runtime ---- */
 
 extern "C" bool KEEL_ECU_FN(malloc)(void **p, size_t bytes, char *why, size_t cap) {

@@ -89,6 +89,12 @@ static __device__ __forceinline__ uint32_t kp_shfl_xor(uint32_t v, int mask) {
 #endif
 }
 
+/* The butterfly on a float or an int: the same 32-bit exchange, the bits unchanged. */
+static __device__ __forceinline__ float kp_shfl_xor_f32(float v, int mask) {
+    return __uint_as_float(kp_shfl_xor(__float_as_uint(v), mask));
+}
+static __device__ __forceinline__ int kp_shfl_xor_i32(int v, int mask) { return (int)kp_shfl_xor((uint32_t)v, mask); }
+
 static __device__ __forceinline__ void kp_syncwarp(void) {
 #if defined(__HIPCC__)
     __builtin_amdgcn_wave_barrier();
