@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "engine/engine.h"
@@ -108,6 +109,10 @@ static int bench_cpu(const bench_cfg *cfg) {
     for (size_t i = 0; i < KEEL_ARRAY_LEN(widths); i++)
         words = KEEL_MAX(words, (size_t)n_of[i] * keel_quant_row_words(k, widths[i]));
     words = (words + 7) / 8 * 8; /* the read loop takes 4 u64 (8 words) at a time */
+    const double need = (double)words * 4 + (double)groups * 4, phys = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE);
+    if (phys > 0 && need > phys) /* overcommit would hand it out and the fill would then exhaust the machine */
+        return keel_cli_fail("bench", "cannot allocate %.1f MiB for the bench matrix (k %d, %d rows): the machine has "
+                             "%.1f MiB", need / 1048576.0, k, n_max, phys / 1048576.0);
     uint32_t *w = malloc(words * 4);
     uint16_t *sc = malloc(groups * 2), *bi = malloc(groups * 2);
     float *x = malloc((size_t)8 * k * sizeof *x), *y = malloc((size_t)8 * n_max * sizeof *y);

@@ -221,8 +221,11 @@ static int ceil_log2(int n) {
 
 static double silu(double v) { return v / (1.0 + exp(-v)); }
 static double softplus(double v) { return v > 0 ? v + log1p(exp(-v)) : log1p(exp(v)); }
+/* The output's own rounding: relative to its magnitude, plus the smallest normal for values under fp32's range. */
 static double out_round(keel_dtype dt, double v, double err) {
-    return dt == KEEL_DT_BF16 ? BF16_UNIT * (fabs(v) + err) : dt == KEEL_DT_F32 ? U * (fabs(v) + err) : 0.0;
+    return dt == KEEL_DT_BF16 ? BF16_UNIT * (fabs(v) + err) + 0x1p-126
+         : dt == KEEL_DT_F32  ? U * (fabs(v) + err) + 0x1p-126
+                              : 0.0;
 }
 
 /* Row-wise RMSNorm of x (n) times w into ref; err_in: the bound on each x's error. */

@@ -41,9 +41,10 @@ static int keel(const char *fmt, ...) {
     va_end(ap);
     snprintf(o, sizeof o, "%s/run.out", g_tmp);
     snprintf(e, sizeof e, "%s/run.err", g_tmp);
-    /* one thread unless the test asks for more: the machines running tests are small and shared */
-    snprintf(cmd, sizeof cmd, "'%s' %s%s >'%s' 2>'%s'", g_bin, args, strstr(args, "--threads") ? "" : " --threads 1", o,
-             e);
+    /* the CPU engine (the default is cuda where a GPU is present), one thread unless the test asks for more: the
+     * machines running tests are small and shared */
+    snprintf(cmd, sizeof cmd, "'%s' %s --backend cpu%s >'%s' 2>'%s'", g_bin, args,
+             strstr(args, "--threads") ? "" : " --threads 1", o, e);
     int st = system(cmd);
     slurp(o, g_out, sizeof g_out);
     slurp(e, g_err, sizeof g_err);

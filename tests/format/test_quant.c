@@ -146,7 +146,9 @@ static void test_pack_roundtrip(void **state) {
             int bits = BITS[bi], k = ks[ki];
             size_t nw = keel_quant_row_words(k, bits);
             assert_int_equal(nw * 32, (size_t)k * bits);
-            uint8_t *codes = malloc(k), *back = malloc(k);
+            uint8_t *codes = malloc((size_t)k), *back = malloc((size_t)k);
+            assert_non_null(codes);
+            assert_non_null(back);
             uint32_t *row = malloc((nw + 1) * 4);
             for (int c = 0; c < k; c++) codes[c] = (uint8_t)(rng_u64() & ((1u << bits) - 1));
             codes[k - 1] = (uint8_t)((1u << bits) - 1); /* all-ones in the last code reaches the last bit */

@@ -27,9 +27,9 @@ def expect_error(args, pattern):
 
 expect_error([], r"expected a benchmark: cpu, stream or decode")
 expect_error(["nope"], r"unknown benchmark 'nope'")
-# Without a GPU (or a CUDA build) stream refuses clearly; decode is not built yet.
+# Without a GPU (or a CUDA build) stream refuses clearly; decode without a model says so.
 expect_error(["stream"], r"keel bench stream: .*(CUDA|device)")
-expect_error(["decode"], r"keel bench decode: needs a CUDA build")
+expect_error(["decode"], r"keel bench decode: no MODEL_DIR given")
 expect_error(["cpu", "--threads", "0"], r"--threads expects an integer in 1\.\.4096, found '0'")
 expect_error(["cpu", "--threads", "2x"], r"--threads expects .* found '2x'")
 expect_error(["cpu", "--threads"], r"--threads needs a value")
