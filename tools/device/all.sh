@@ -2,7 +2,7 @@
 # On the GPU machine, from the repository root: the whole device check in two phases that each fit one call.
 #   PHASE=A: build for sm_90, run every test (CPU and GPU), then `keel contract --backend cuda` (stream tiles and
 #            engine kernels, gates 1-4, planted controls, live gate-5 check) with its SUMMARY line.
-#   PHASE=B: compute-sanitizer memcheck over a contract subset and the CUDA engine on the fixture, then
+#   PHASE=B: the contract again, compute-sanitizer memcheck over a contract subset and the CUDA engine on the fixture, then
 #            `keel bench decode` on the demo and on the Nano-30B-A3B-shaped 4-bit checkpoint that keel synth writes.
 # Needs the carried .devdeps (cJSON, PCRE2, cmocka) and .devfix (the fixtures). Logs go to $OUT.
 set -uo pipefail
@@ -27,6 +27,8 @@ if [[ ${PHASE:-A} == A ]]; then
   TAILN=12 step contract 150 $B/keel contract --backend cuda --json "$OUT/contract_cuda.json"
   grep -h '^SUMMARY' "$OUT/contract.log"
 else
+  TAILN=3 step build 300 bash -c "cmake -S . -B $B -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build $B -j $(nproc) --target keel"
+  TAILN=6 step contract 150 $B/keel contract --backend cuda
   SUBSET=${SUBSET:-'^cuda/(mma/stream/q5g64/bf16/|mma/routed-(up|down)/q4g128/bf16/xbf16-ybf16/|elementwise/)'}
   TAILN=4 step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 99 $B/keel contract --backend cuda --filter "$SUBSET"
   TOKS=$(python3 -c "print(','.join(str((i*37+5)%512) for i in range(24)))")
