@@ -150,8 +150,8 @@ static void test_pack_roundtrip(void **state) {
             assert_non_null(codes);
             assert_non_null(back);
             uint32_t *row = malloc((nw + 1) * 4);
-            for (int c = 0; c < k; c++) codes[c] = (uint8_t)(rng_u64() & ((1u << bits) - 1));
-            codes[k - 1] = (uint8_t)((1u << bits) - 1); /* all-ones in the last code reaches the last bit */
+            for (int c = 0; c < k; c++) /* all-ones in the last code reaches the last bit */
+                codes[c] = (uint8_t)(c == k - 1 ? (1u << bits) - 1 : rng_u64() & ((1u << bits) - 1));
             row[nw] = 0xdeadbeefu;                       /* guard word past the row */
             keel_quant_pack_row(codes, k, bits, row);
             assert_int_equal(row[nw], 0xdeadbeefu);
