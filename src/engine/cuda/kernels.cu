@@ -338,7 +338,7 @@ __global__ void attention_kernel(const float *q, const float *kc, const float *v
         float acc = 0.0f;
         const float *v = vc + (long long)kh * hd + i;
         for (int j = 0; j <= p; j++) acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(sc[j], inv), v[(long long)j * kvd]));
-        if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && gridDim.y > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-12f);
+        if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && gridDim.y > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-16f);
         if (o) o[(long long)r * qd + (long long)h * hd + i] = kp_f32_to_bf16(acc);
         if (of) of[(long long)r * qd + (long long)h * hd + i] = acc;
     }
