@@ -775,7 +775,7 @@ static bool check_ref(const ecase *c, void **outs, keel_contract_gate_result *gr
             const double y = oget(b, outs[i], j), d = fabs(y - ref[at + j]);
             if (j && y != oget(b, outs[i], 0)) varied = true;
             const double frac = bnd[at + j] > 0 ? d / bnd[at + j] : (d > 0 ? INFINITY : 0);
-            if (frac > gr->frac) gr->frac = frac, gr->max_err = d, gr->bound_at_max = bnd[at + j];
+            if (frac > gr->frac || gr->bound_at_max == 0) gr->frac = frac, gr->max_err = d, gr->bound_at_max = bnd[at + j];
             if (!(d <= bnd[at + j])) {
                 snprintf(gr->detail, sizeof gr->detail,
                          "output %d element %zu: got %.9g, float64 reference %.9g, |d| %.3g, bound %.3g (%.1fx)", i, j, y,

@@ -221,8 +221,8 @@ static void test_cuda_table(void **state) {
         for (int c = 0; c < r->n_controls; c++) gates[r->controls[c].gate] = true;
         assert_true(gates[2]); /* every CUDA registration: a write past the end */
         if (r->family == KEEL_CF_RELU2) continue;
-        /* gate 4: a row leak everywhere but fc2 with a bf16 output (docs/kernel-contract.md, CUDA controls) */
-        const bool leak_ok = !(r->family == KEEL_CF_ROUTED_DOWN && r->ydt == KEEL_DT_BF16);
+        /* gate 4: a row leak on every fp32 output (docs/kernel-contract.md, CUDA controls) */
+        const bool leak_ok = r->ydt == KEEL_DT_F32;
         if (!gates[3] || (leak_ok && !gates[4])) fail_msg("%s lacks a gate-3 or gate-4 control", r->name);
         /* edge shapes: k of one group, odd n, a shape whose k spans several x-chunks, every m 1..8 */
         bool one_group = false, odd = false, multi_chunk = false, rows8 = false;
