@@ -11,69 +11,23 @@
 
 #include "engine/engine.h"
 #include "kernels/cpu/cpu.h"
+#include "common/testkit.h"
 
-typedef struct fx {
-    keel_model model;
-    keel_st ref;
-    char dir[1024];
-    const int32_t *tokens; /* (48) */
-    const float *logits;   /* (48, vocab) */
-    const float *hidden;   /* (48, hidden) */
-    int n_tok, prompt_len;
-} fx;
-
-static const void *ref_tensor(fx *f, const char *name, keel_dtype dt, int64_t numel) {
-    const keel_st_tensor *t = keel_st_find(&f->ref, name);
-    assert_non_null(t);
-    assert_int_equal(t->dtype, dt);
-    assert_int_equal(t->numel, numel);
-    return t->data;
-}
+typedef tk_ref fx;
 
 static int setup(void **state) {
-    const char *root = getenv("KEEL_FIXTURES");
-    if (!root) {
-        print_message("KEEL_FIXTURES is not set\n");
-        return -1;
-    }
     keel_cpu_set_threads(1); /* results do not depend on it; test machines are small and shared */
     fx *f = calloc(1, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "%s/nemotron_h_tiny", root);
-    char path[1200];
-    snprintf(path, sizeof path, "%s/reference.safetensors", f->dir);
-    keel_err err = {0};
-    if (keel_model_load(&f->model, f->dir, NULL, &err) != KEEL_OK || keel_st_open(&f->ref, path, &err) != KEEL_OK) {
-        print_message("fixture: %s\n", err.msg);
-        return -1;
-    }
-    const keel_st_tensor *t = keel_st_find(&f->ref, "tokens");
-    if (!t) return -1;
-    f->n_tok = (int)t->numel;
-    f->tokens = t->data;
-    const keel_config *c = &f->model.cfg;
-    f->logits = ref_tensor(f, "logits", KEEL_DT_F32, (int64_t)f->n_tok * c->vocab);
-    f->hidden = ref_tensor(f, "hidden", KEEL_DT_F32, (int64_t)f->n_tok * c->hidden);
-    const char *pl = keel_st_meta_get(&f->ref, "prompt_len");
-    f->prompt_len = pl ? atoi(pl) : 0;
+    if (tk_ref_open(f) != 0) return -1;
     *state = f;
     return 0;
 }
 
 static int teardown(void **state) {
     fx *f = *state;
-    keel_st_free(&f->ref);
-    keel_model_free(&f->model);
+    tk_ref_close(f);
     free(f);
     return 0;
-}
-
-static float max_abs_diff(const float *a, const float *b, size_t n) {
-    float d = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float x = fabsf(a[i] - b[i]);
-        if (!(x <= d)) d = x; /* NaN propagates */
-    }
-    return d;
 }
 
 static void test_teacher_forced(void **state) {
@@ -85,8 +39,8 @@ static void test_teacher_forced(void **state) {
     float *lg = malloc((size_t)f->n_tok * c->vocab * sizeof(float));
     float *hd = malloc((size_t)f->n_tok * c->hidden * sizeof(float));
     assert_int_equal(keel_engine_forward(&e, f->tokens, f->n_tok, lg, KEEL_LOGITS_ALL, hd, &err), KEEL_OK);
-    float dl = max_abs_diff(lg, f->logits, (size_t)f->n_tok * c->vocab);
-    float dh = max_abs_diff(hd, f->hidden, (size_t)f->n_tok * c->hidden);
+    float dl = tk_max_abs_diff(lg, f->logits, (size_t)f->n_tok * c->vocab);
+    float dh = tk_max_abs_diff(hd, f->hidden, (size_t)f->n_tok * c->hidden);
     print_message("teacher-forced: max |logits - ref| %.3g, max |hidden - ref| %.3g\n", dl, dh);
     assert_true(dl <= 1e-3f);
     assert_true(dh <= 1e-3f);
@@ -125,8 +79,8 @@ static void test_prefill_equals_decode(void **state) {
     const int whole[] = {48}, ones[] = {1}, mixed[] = {5, 1, 30, 2, 7};
     run_split(f, &e, whole, 1, l1, h1);
     run_split(f, &e, ones, 1, l2, h2);
-    print_message("prefill vs decode: max |diff| %.3g\n", max_abs_diff(l1, l2, nl));
-    assert_true(max_abs_diff(l1, l2, nl) <= 1e-4f);
+    print_message("prefill vs decode: max |diff| %.3g\n", tk_max_abs_diff(l1, l2, nl));
+    assert_true(tk_max_abs_diff(l1, l2, nl) <= 1e-4f);
     assert_memory_equal(l1, l2, nl * sizeof(float)); /* bit-identical: same per-token arithmetic */
     assert_memory_equal(h1, h2, nh * sizeof(float));
     run_split(f, &e, mixed, 5, l2, h2);
@@ -163,7 +117,7 @@ static int on_token(void *user, int tok, int64_t pos) {
 static void test_greedy_generation(void **state) {
     fx *f = *state;
     const int n_greedy = 24;
-    const int32_t *want = ref_tensor(f, "greedy_tokens", KEEL_DT_I32, n_greedy);
+    const int32_t *want = tk_st_tensor(&f->ref, "greedy_tokens", KEEL_DT_I32, n_greedy);
     assert_true(f->prompt_len > 0 && f->prompt_len < f->n_tok);
     keel_engine e;
     keel_err err = {0};
@@ -184,7 +138,7 @@ static void test_greedy_generation(void **state) {
 
 static void test_eos_stop(void **state) {
     fx *f = *state;
-    const int32_t *greedy = ref_tensor(f, "greedy_tokens", KEEL_DT_I32, 24);
+    const int32_t *greedy = tk_st_tensor(&f->ref, "greedy_tokens", KEEL_DT_I32, 24);
     keel_engine e;
     keel_err err = {0};
     assert_int_equal(keel_engine_init(&e, &f->model, 128, &err), KEEL_OK);
@@ -205,7 +159,7 @@ static void test_eos_stop(void **state) {
 
 static void test_context_limit(void **state) {
     fx *f = *state;
-    const int32_t *greedy = ref_tensor(f, "greedy_tokens", KEEL_DT_I32, 24);
+    const int32_t *greedy = tk_st_tensor(&f->ref, "greedy_tokens", KEEL_DT_I32, 24);
     keel_engine e;
     keel_err err = {0};
     const int ctx = f->prompt_len + 4;
@@ -255,8 +209,8 @@ static void test_mtp(void **state) {
     const keel_config *c = &f->model.cfg;
     assert_true(f->model.has_mtp);
     const int n = f->n_tok - 1;
-    const float *want = ref_tensor(f, "mtp_logits", KEEL_DT_F32, (int64_t)n * c->vocab);
-    const float *want_h = ref_tensor(f, "mtp_hidden", KEEL_DT_F32, (int64_t)n * c->hidden);
+    const float *want = tk_st_tensor(&f->ref, "mtp_logits", KEEL_DT_F32, (int64_t)n * c->vocab);
+    const float *want_h = tk_st_tensor(&f->ref, "mtp_hidden", KEEL_DT_F32, (int64_t)n * c->hidden);
     keel_engine e;
     keel_err err = {0};
     assert_int_equal(keel_engine_init(&e, &f->model, 64, &err), KEEL_OK);
@@ -266,7 +220,7 @@ static void test_mtp(void **state) {
     float *l1 = malloc(nl * sizeof(float)), *l2 = malloc(nl * sizeof(float));
     float *o1 = malloc((size_t)n * c->hidden * sizeof(float));
     assert_int_equal(keel_engine_mtp(&e, hd, f->tokens + 1, n, l1, o1, &err), KEEL_OK);
-    float d = max_abs_diff(l1, want, nl), dh = max_abs_diff(o1, want_h, (size_t)n * c->hidden);
+    float d = tk_max_abs_diff(l1, want, nl), dh = tk_max_abs_diff(o1, want_h, (size_t)n * c->hidden);
     print_message("mtp: max |logits - ref| %.3g, max |hidden - ref| %.3g\n", d, dh);
     assert_true(d <= 1e-3f);
     assert_true(dh <= 1e-3f);

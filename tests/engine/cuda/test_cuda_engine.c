@@ -17,58 +17,23 @@
 
 #include "engine/engine.h"
 #include "kernels/cpu/cpu.h"
+#include "common/testkit.h"
 
 #ifdef KEEL_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
 
-typedef struct fx {
-    keel_model model;
-    keel_st ref;
-    char dir[1024];
-    const int32_t *tokens;
-    const float *logits, *hidden;
-    int n_tok, prompt_len;
-} fx;
-
-static const void *ref_tensor(fx *f, const char *name, keel_dtype dt, int64_t numel) {
-    const keel_st_tensor *t = keel_st_find(&f->ref, name);
-    assert_non_null(t);
-    assert_int_equal(t->dtype, dt);
-    assert_int_equal(t->numel, numel);
-    return t->data;
-}
+typedef tk_ref fx;
 
 static int setup(void **state) {
-    const char *root = getenv("KEEL_FIXTURES");
-    if (!root) {
-        print_message("KEEL_FIXTURES is not set\n");
-        return -1;
-    }
     fx *f = calloc(1, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "%s/nemotron_h_tiny", root);
-    char path[1200];
-    snprintf(path, sizeof path, "%s/reference.safetensors", f->dir);
-    keel_err err = {0};
-    if (keel_model_load(&f->model, f->dir, NULL, &err) != KEEL_OK || keel_st_open(&f->ref, path, &err) != KEEL_OK) {
-        print_message("fixture: %s\n", err.msg);
-        return -1;
-    }
-    const keel_st_tensor *t = keel_st_find(&f->ref, "tokens");
-    if (!t) return -1;
-    f->n_tok = (int)t->numel;
-    f->tokens = t->data;
-    f->logits = ref_tensor(f, "logits", KEEL_DT_F32, (int64_t)f->n_tok * f->model.cfg.vocab);
-    f->hidden = ref_tensor(f, "hidden", KEEL_DT_F32, (int64_t)f->n_tok * f->model.cfg.hidden);
-    const char *pl = keel_st_meta_get(&f->ref, "prompt_len");
-    f->prompt_len = pl ? atoi(pl) : 0;
+    if (tk_ref_open(f) != 0) return -1;
     *state = f;
     return 0;
 }
 
 static int teardown(void **state) {
     fx *f = *state;
-    keel_st_free(&f->ref);
-    keel_model_free(&f->model);
+    tk_ref_close(f);
     free(f);
     return 0;
 }
@@ -186,7 +151,7 @@ static int on_token(void *user, int tok, int64_t pos) {
 static void test_greedy(void **state) {
     fx *f = *state;
     const int n_greedy = 24;
-    const int32_t *want = ref_tensor(f, "greedy_tokens", KEEL_DT_I32, n_greedy);
+    const int32_t *want = tk_st_tensor(&f->ref, "greedy_tokens", KEEL_DT_I32, n_greedy);
     keel_cuda_engine *e = NULL;
     keel_err err = {0};
     assert_int_equal(keel_cuda_engine_init(&e, &f->model, 128, &err), KEEL_OK);
@@ -222,8 +187,8 @@ static void test_mtp(void **state) {
     fx *f = *state;
     const keel_config *c = &f->model.cfg;
     const int n = f->n_tok - 1, V = c->vocab, H = c->hidden;
-    const float *want = ref_tensor(f, "mtp_logits", KEEL_DT_F32, (int64_t)n * V);
-    const float *want_h = ref_tensor(f, "mtp_hidden", KEEL_DT_F32, (int64_t)n * H);
+    const float *want = tk_st_tensor(&f->ref, "mtp_logits", KEEL_DT_F32, (int64_t)n * V);
+    const float *want_h = tk_st_tensor(&f->ref, "mtp_hidden", KEEL_DT_F32, (int64_t)n * H);
     keel_cuda_engine *e = NULL;
     keel_err err = {0};
     assert_int_equal(keel_cuda_engine_init(&e, &f->model, 64, &err), KEEL_OK);
@@ -256,15 +221,6 @@ static void test_mtp(void **state) {
     keel_cuda_engine_free(e);
 }
 
-static float max_abs_diff(const float *a, const float *b, size_t n) {
-    float d = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float x = fabsf(a[i] - b[i]);
-        if (!(x <= d)) d = x; /* NaN propagates */
-    }
-    return d;
-}
-
 /* fp32 activations: within 1e-3 of the reference (model, hidden and MTP head), top-1 everywhere, windows of 8 rows
  * bit-identical to one-token steps. */
 static void test_f32_activations(void **state) {
@@ -279,10 +235,10 @@ static void test_f32_activations(void **state) {
     float *lg = malloc((size_t)n * V * sizeof(float)), *hd = malloc((size_t)n * H * sizeof(float));
     float *one = malloc((size_t)n * V * sizeof(float)), *ml = malloc((size_t)n * V * sizeof(float));
     assert_int_equal(keel_cuda_engine_forward(e, f->tokens, n, lg, KEEL_LOGITS_ALL, hd, &err), KEEL_OK);
-    const float dl = max_abs_diff(lg, f->logits, (size_t)n * V), dh = max_abs_diff(hd, f->hidden, (size_t)n * H);
+    const float dl = tk_max_abs_diff(lg, f->logits, (size_t)n * V), dh = tk_max_abs_diff(hd, f->hidden, (size_t)n * H);
     assert_int_equal(keel_cuda_engine_mtp(e, hd, f->tokens + 1, n - 1, ml, NULL, &err), KEEL_OK);
-    const float *want = ref_tensor(f, "mtp_logits", KEEL_DT_F32, (int64_t)(n - 1) * V);
-    const float dm = max_abs_diff(ml, want, (size_t)(n - 1) * V);
+    const float *want = tk_st_tensor(&f->ref, "mtp_logits", KEEL_DT_F32, (int64_t)(n - 1) * V);
+    const float dm = tk_max_abs_diff(ml, want, (size_t)(n - 1) * V);
     print_message("f32 activations: max |logits - ref| %.3g, |hidden - ref| %.3g, |mtp - ref| %.3g\n", dl, dh, dm);
     assert_true(dl <= 1e-3f && dh <= 1e-3f && dm <= 1e-3f);
     for (int i = 0; i < n; i++) {

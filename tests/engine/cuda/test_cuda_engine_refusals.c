@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
+#include "common/testkit.h"
 
 #ifdef KEEL_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
@@ -18,9 +19,8 @@ static keel_model g_model;
 
 static int setup(void **state) {
     (void)state;
-    const char *root = getenv("KEEL_FIXTURES");
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/nemotron_h_tiny", root ? root : ".");
+    tk_fixture(dir, sizeof dir, "nemotron_h_tiny");
     keel_err err = {0};
     if (keel_model_load(&g_model, dir, NULL, &err) != KEEL_OK) {
         print_message("fixture: %s\n", err.msg);

@@ -12,6 +12,7 @@
 
 #include "format/format.h"
 #include "kernels/cpu/cpu.h"
+#include "common/testkit.h"
 
 #ifdef KEEL_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
@@ -279,9 +280,8 @@ static void test_bits_equal(void **state) {
 /* The fixture products: x (3 x 256) . dequant(W)^T against the independent float64 y and y_relu2. */
 static void test_fixtures(void **state) {
     (void)state;
-    const char *dir = getenv("KEEL_FIXTURES");
     char path[1024];
-    snprintf(path, sizeof path, "%s/stream_tiles_shared.safetensors", dir ? dir : "../shared/fixtures");
+    tk_fixture(path, sizeof path, "stream_tiles_shared.safetensors");
     keel_st st;
     keel_err err;
     if (keel_st_open(&st, path, &err) != KEEL_OK) {
