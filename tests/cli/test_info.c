@@ -12,33 +12,13 @@
 
 #include <cmocka.h>
 
+#include "common/testkit.h"
+
 #include "core/core.h"
-
-/* Runs a shell command, returning its output (stdout and stderr) and exit status. */
-static char *run(const char *cmd, int *status) {
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0)
-        if ((n += r) + 1 >= cap) buf = realloc(buf, cap *= 2);
-    buf[n] = 0;
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return buf;
-}
-
-static const char *bin(void) {
-    const char *b = getenv("KEEL_BIN");
-    return b ? b : "build/keel";
-}
 
 static const char *fixdir(void) {
     static char p[1024];
-    const char *fx = getenv("KEEL_FIXTURES");
-    snprintf(p, sizeof p, "%s/nemotron_h_tiny", fx ? fx : "../shared/fixtures");
-    return p;
+    return tk_fixture(p, sizeof p, "nemotron_h_tiny");
 }
 
 static const cJSON *row(const cJSON *mats, const char *path) {
@@ -51,8 +31,8 @@ static void test_json_vs_readme(void **state) {
     (void)state;
     char cmd[2300];
     int st;
-    snprintf(cmd, sizeof cmd, "'%s' info '%s' --json 2>&1", bin(), fixdir());
-    char *out = run(cmd, &st);
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' --json 2>&1", tk_bin(), fixdir());
+    char *out = tk_run(cmd, &st);
     assert_int_equal(st, 0);
     cJSON *root = cJSON_Parse(out);
     if (!root) fail_msg("not JSON: %.300s", out);
@@ -110,38 +90,38 @@ static void test_text_and_options(void **state) {
     (void)state;
     char cmd[2300];
     int st;
-    snprintf(cmd, sizeof cmd, "'%s' info '%s' 2>&1", bin(), fixdir());
-    char *out = run(cmd, &st);
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' 2>&1", tk_bin(), fixdir());
+    char *out = tk_run(cmd, &st);
     assert_int_equal(st, 0);
     assert_non_null(strstr(out, "pattern MEM*E-M*E"));
     assert_non_null(strstr(out, "backbone.layers.7.mixer.v_proj"));
     assert_non_null(strstr(out, "bits per weight"));
     assert_non_null(strstr(out, "present"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' info '%s' --mtp '' --json 2>&1", bin(), fixdir());
-    out = run(cmd, &st);
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' --mtp '' --json 2>&1", tk_bin(), fixdir());
+    out = tk_run(cmd, &st);
     assert_int_equal(st, 0);
     cJSON *root = cJSON_Parse(out);
     assert_non_null(root);
     assert_false(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "mtp"), "present")));
     cJSON_Delete(root);
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' info /nonexistent/dir 2>&1", bin());
-    out = run(cmd, &st);
+    snprintf(cmd, sizeof cmd, "'%s' info /nonexistent/dir 2>&1", tk_bin());
+    out = tk_run(cmd, &st);
     assert_int_equal(st, 1);
     assert_non_null(strstr(out, "/nonexistent/dir/config.json"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' info '%s' --bogus 2>&1", bin(), fixdir());
-    out = run(cmd, &st);
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' --bogus 2>&1", tk_bin(), fixdir());
+    out = tk_run(cmd, &st);
     assert_int_equal(st, 1);
     assert_non_null(strstr(out, "--bogus"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' info '%s' --mtp 2>&1", bin(), fixdir());
-    out = run(cmd, &st);
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' --mtp 2>&1", tk_bin(), fixdir());
+    out = tk_run(cmd, &st);
     assert_int_equal(st, 1);
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' info 2>&1", bin());
-    out = run(cmd, &st);
+    snprintf(cmd, sizeof cmd, "'%s' info 2>&1", tk_bin());
+    out = tk_run(cmd, &st);
     assert_int_equal(st, 1);
     assert_non_null(strstr(out, "MODEL_DIR"));
     free(out);

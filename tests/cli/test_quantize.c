@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "format/format.h"
+#include "common/testkit.h"
 
 static const char *bin, *tmp;
 
@@ -30,13 +31,7 @@ static int run(const char *args, char *err_out, size_t cap) {
     snprintf(errf, sizeof errf, "%s/cli_quantize_stderr.txt", tmp); /* not tmp_path: its slots rotate */
     snprintf(cmd, sizeof cmd, "'%s' quantize %s >/dev/null 2>'%s'", bin, args, errf);
     int st = system(cmd);
-    err_out[0] = 0;
-    FILE *f = fopen(errf, "rb");
-    if (f) {
-        size_t n = fread(err_out, 1, cap - 1, f);
-        err_out[n] = 0;
-        fclose(f);
-    }
+    tk_slurp(errf, err_out, cap);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
@@ -83,16 +78,6 @@ static void write_input(const char *path) {
     keel_st_writer_free(&w);
 }
 
-static const keel_st_tensor *need(const keel_st *st, const char *name, keel_dtype dt, int ndim, const int64_t *shape) {
-    const keel_st_tensor *t = keel_st_find(st, name);
-    if (!t) fail_msg("output lacks %s", name);
-    if (t->dtype != dt || t->ndim != ndim) fail_msg("%s: %s ndim %d", name, keel_dtype_name(t->dtype), t->ndim);
-    for (int d = 0; d < ndim; d++)
-        if (t->shape[d] != shape[d]) fail_msg("%s: dim %d is %lld, expected %lld", name, d, (long long)t->shape[d],
-                                              (long long)shape[d]);
-    return t;
-}
-
 /* A quantized matrix in the output equals the library quantizer on the same floats, and dequantizes to within one
  * step |scale| of the input (the MLX rule clips at most one step at the top code) plus the scale dtype's rounding. */
 static void check_quantized(const keel_st *st, const char *base, const float *w, int ndim, const int64_t *shape,
@@ -105,11 +90,11 @@ static void check_quantized(const keel_st *st, const char *base, const float *w,
     ss[ndim - 1] = k / group;
     char name[256];
     snprintf(name, sizeof name, "%s.weight", base);
-    const keel_st_tensor *tw = need(st, name, KEEL_DT_U32, ndim, qs);
+    const keel_st_tensor *tw = tk_st_need(st, name, KEEL_DT_U32, ndim, qs);
     snprintf(name, sizeof name, "%s.scales", base);
-    const keel_st_tensor *ts = need(st, name, sdt, ndim, ss);
+    const keel_st_tensor *ts = tk_st_need(st, name, sdt, ndim, ss);
     snprintf(name, sizeof name, "%s.biases", base);
-    const keel_st_tensor *tb = need(st, name, sdt, ndim, ss);
+    const keel_st_tensor *tb = tk_st_need(st, name, sdt, ndim, ss);
     uint32_t *codes = malloc(tw->nbytes);
     void *sc = malloc(ts->nbytes), *bi = malloc(tb->nbytes);
     keel_quant_quantize(w, (int)rows, (int)k, bits, group, sdt, codes, sc, bi);

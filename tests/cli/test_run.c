@@ -15,6 +15,7 @@
 
 #include "format/format.h"
 #include "tokenizer/tokenizer.h"
+#include "common/testkit.h"
 
 static char g_bin[2048], g_fix[2048], g_tmp[2048];
 static keel_st g_ref;
@@ -22,15 +23,6 @@ static const int32_t *g_tokens, *g_greedy;
 static int g_prompt_len;
 
 static char g_out[1 << 16], g_err[1 << 16];
-
-static void slurp(const char *path, char *buf, size_t cap) {
-    buf[0] = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = 0;
-    fclose(f);
-}
 
 /* Runs `keel ARGS` (args already shell-quoted), capturing stdout and stderr; returns the exit status. */
 static int keel(const char *fmt, ...) {
@@ -46,8 +38,8 @@ static int keel(const char *fmt, ...) {
     snprintf(cmd, sizeof cmd, "'%s' %s --backend cpu%s >'%s' 2>'%s'", g_bin, args,
              strstr(args, "--threads") ? "" : " --threads 1", o, e);
     int st = system(cmd);
-    slurp(o, g_out, sizeof g_out);
-    slurp(e, g_err, sizeof g_err);
+    tk_slurp(o, g_out, sizeof g_out);
+    tk_slurp(e, g_err, sizeof g_err);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
@@ -202,11 +194,7 @@ static void test_prompt_text(void **state) {
 }
 
 static const float *tensor(keel_st *st, const char *name, int64_t numel) {
-    const keel_st_tensor *t = keel_st_find(st, name);
-    assert_non_null(t);
-    assert_int_equal(t->dtype, KEEL_DT_F32);
-    assert_int_equal(t->numel, numel);
-    return t->data;
+    return tk_st_tensor(st, name, KEEL_DT_F32, numel);
 }
 
 static void test_logits_file(void **state) {

@@ -13,24 +13,7 @@
 
 #include <cmocka.h>
 
-static char *run(const char *cmd, int *status) {
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0)
-        if ((n += r) + 1 >= cap) buf = realloc(buf, cap *= 2);
-    buf[n] = 0;
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return buf;
-}
-
-static const char *bin(void) {
-    const char *b = getenv("KEEL_BIN");
-    return b ? b : "build/keel";
-}
+#include "common/testkit.h"
 
 static void test_synth_info(void **state) {
     (void)state;
@@ -39,12 +22,12 @@ static void test_synth_info(void **state) {
     snprintf(dir, sizeof dir, "%s/cli_synth_demo", tmp ? tmp : "/tmp");
     int st;
     snprintf(cmd, sizeof cmd, "'%s' synth configs/demo.json '%s' --bits 5 --group 32 --scales f32 --mtp-bits 8 --seed 9 2>&1",
-             bin(), dir);
-    char *out = run(cmd, &st);
+             tk_bin(), dir);
+    char *out = tk_run(cmd, &st);
     if (st) fail_msg("synth failed: %s", out);
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' info '%s' --json 2>&1", bin(), dir);
-    out = run(cmd, &st);
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' --json 2>&1", tk_bin(), dir);
+    out = tk_run(cmd, &st);
     assert_int_equal(st, 0);
     cJSON *root = cJSON_Parse(out);
     if (!root) fail_msg("not JSON: %.300s", out);
@@ -88,10 +71,10 @@ static void test_threads_env(void **state) {
     const int seed[3] = {3, 3, 4};
     for (int i = 0; i < 3; i++) {
         snprintf(d[i], sizeof d[i], "%s/cli_synth_thr%d", tmp ? tmp : "/tmp", i);
-        snprintf(cmd, sizeof cmd, "%s '%s' synth configs/demo.json '%s' --mtp-bits 6 --seed %d 2>&1", env[i], bin(),
+        snprintf(cmd, sizeof cmd, "%s '%s' synth configs/demo.json '%s' --mtp-bits 6 --seed %d 2>&1", env[i], tk_bin(),
                  d[i], seed[i]);
         int st;
-        char *out = run(cmd, &st);
+        char *out = tk_run(cmd, &st);
         if (st) fail_msg("synth failed: %s", out);
         free(out);
     }
@@ -116,15 +99,15 @@ static void test_bad_args(void **state) {
         {"--bits", "--bits"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(cmd, sizeof cmd, "'%s' synth configs/demo.json '%s' %s 2>&1", bin(), dir, bad[i][0]);
+        snprintf(cmd, sizeof cmd, "'%s' synth configs/demo.json '%s' %s 2>&1", tk_bin(), dir, bad[i][0]);
         int st;
-        char *out = run(cmd, &st);
+        char *out = tk_run(cmd, &st);
         if (st != 1 || !strstr(out, bad[i][1])) fail_msg("%s: status %d, output %s", bad[i][0], st, out);
         free(out);
     }
-    snprintf(cmd, sizeof cmd, "'%s' synth /nonexistent.json '%s' 2>&1", bin(), dir);
+    snprintf(cmd, sizeof cmd, "'%s' synth /nonexistent.json '%s' 2>&1", tk_bin(), dir);
     int st;
-    char *out = run(cmd, &st);
+    char *out = tk_run(cmd, &st);
     assert_int_equal(st, 1);
     assert_non_null(strstr(out, "/nonexistent.json"));
     free(out);
