@@ -10,17 +10,13 @@
 
 #include "contract/audit.h"
 #include "format/format.h"
+#include "common/testkit.h"
 
 #if defined(KEEL_HAVE_CUDA)
 /* keelcore and keelcuda are static libraries linked once each, in that order: naming keel_dtype_name here pulls
  * format/dtype.c in before stream.cu.o (reached through keel_audit_live_fn) needs it for its error messages. */
 const char *(*const keel_test_audit_dtype_name)(keel_dtype) = keel_dtype_name;
 #endif
-
-static const char *src_dir(void) {
-    const char *s = getenv("KEEL_SRC");
-    return s && *s ? s : ".";
-}
 
 /* Runs fn-printed output into a string for matching. */
 static char *capture_buf;
@@ -105,8 +101,8 @@ static void test_findings_parse(void **st) {
 static void test_repo_findings_match_records(void **st) {
     (void)st;
     char rdir[1024], fpath[1024];
-    snprintf(rdir, sizeof rdir, "%s/contract/records", src_dir());
-    snprintf(fpath, sizeof fpath, "%s/contract/known_findings_gate5", src_dir());
+    snprintf(rdir, sizeof rdir, "%s/contract/records", tk_src());
+    snprintf(fpath, sizeof fpath, "%s/contract/known_findings_gate5", tk_src());
     keel_audit_records r;
     keel_audit_records_init(&r);
     keel_audit_findings f = {0};
@@ -273,7 +269,7 @@ static bool fake_attrs(const void *fn, keel_audit_live *out, char *why, size_t c
 static void test_live_check(void **st) {
     (void)st;
     char rdir[1024];
-    snprintf(rdir, sizeof rdir, "%s/contract/records", src_dir());
+    snprintf(rdir, sizeof rdir, "%s/contract/records", tk_src());
     keel_audit_records r;
     keel_audit_records_init(&r);
     keel_err err = {0};

@@ -19,6 +19,7 @@
 
 #include "contract/contract.h"
 #include "contract/engine_regs_cuda.h"
+#include "common/testkit.h"
 
 #define MAX_LAUNCHERS 64
 #define ENGINE_KERNELS "src/engine/cuda/kernels.cu" /* the CUDA engine's kernel file */
@@ -222,14 +223,6 @@ static void scan_text(scan *s, const char *rel, char *text) {
     }
 }
 
-static char *slurp(const char *path) {
-    char *text = NULL;
-    size_t len = 0;
-    keel_err err;
-    if (keel_read_file(path, &text, &len, &err) != KEEL_OK) fail_msg("%s", err.msg);
-    return text;
-}
-
 static void scan_dir(scan *s, const char *root, const char *rel) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", root, rel);
@@ -251,16 +244,11 @@ static void scan_dir(scan *s, const char *root, const char *rel) {
         if (!dot || !(strcmp(dot, ".c") == 0 || strcmp(dot, ".h") == 0 || strcmp(dot, ".cu") == 0 ||
                       strcmp(dot, ".cuh") == 0))
             continue;
-        char *text = slurp(full);
+        char *text = tk_read_text(full);
         scan_text(s, sub, text);
         free(text);
     }
     closedir(d);
-}
-
-static const char *src_root(void) {
-    const char *r = getenv("KEEL_SRC");
-    return r && *r ? r : ".";
 }
 
 static void init_scan(scan *s, const keel_contract_table *t) {
@@ -269,12 +257,12 @@ static void init_scan(scan *s, const keel_contract_table *t) {
     s->cuda_entries = keel_contract_cuda_entries;
     s->engine_entries = keel_contract_cuda_engine_entries;
     char path[1024];
-    snprintf(path, sizeof path, "%s/src/kernels/cuda/cuda.h", src_root());
-    char *h = slurp(path);
+    snprintf(path, sizeof path, "%s/src/kernels/cuda/cuda.h", tk_src());
+    char *h = tk_read_text(path);
     read_launchers(s, h);
     free(h);
-    snprintf(path, sizeof path, "%s/%s", src_root(), ENGINE_KERNELS);
-    char *k = slurp(path);
+    snprintf(path, sizeof path, "%s/%s", tk_src(), ENGINE_KERNELS);
+    char *k = tk_read_text(path);
     read_engine_launchers(s, k);
     free(k);
 }
@@ -291,7 +279,7 @@ static void test_source_tree_launches_are_registered(void **state) {
     bool engine_parsed = false; /* the engine kernel file's parse works */
     for (int i = 0; i < s.n_launchers; i++) engine_parsed = engine_parsed || !strcmp(s.launchers[i], "keel_ecu_ssm");
     assert_true(engine_parsed);
-    scan_dir(&s, src_root(), "src");
+    scan_dir(&s, tk_src(), "src");
     if (s.unregistered) fail_msg("%d of %d launch sites are not registered:\n%s", s.unregistered, s.sites, s.report);
     assert_true(s.sites >= 10); /* the engine's matmuls: the scan found them */
     keel_contract_table_free(&t);

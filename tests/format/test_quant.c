@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "format/format.h"
+#include "common/testkit.h"
 
 static const int BITS[] = {2, 3, 4, 5, 6, 8};
 static const int GROUPS[] = {32, 64, 128};
@@ -29,22 +30,16 @@ static const keel_st_tensor *need(const keel_st *st, const char *prefix, const c
                                   int64_t d0, int64_t d1) {
     char name[256];
     snprintf(name, sizeof name, "%s%s", prefix, suffix);
-    const keel_st_tensor *t = keel_st_find(st, name);
-    if (!t) fail_msg("fixture tensor %s missing", name);
-    if (t->dtype != dt || t->ndim != 2 || t->shape[0] != d0 || t->shape[1] != d1)
-        fail_msg("fixture tensor %s: expected %s (%lld, %lld), found %s ndim %d", name, keel_dtype_name(dt),
-                 (long long)d0, (long long)d1, keel_dtype_name(t->dtype), t->ndim);
-    return t;
+    return tk_st_need(st, name, dt, 2, (const int64_t[]){d0, d1});
 }
 
 /* All 18 fixture entries: quantizing .w_float reproduces MLX's .weight/.scales/.biases exactly, and the fixture's
  * own quantized matrix dequantized and multiplied by .x reproduces the float64 product .y within a derived bound. */
 static void test_fixture_bit_exact(void **state) {
     (void)state;
-    const char *dir = getenv("KEEL_FIXTURES");
-    assert_non_null(dir);
+    assert_non_null(getenv("KEEL_FIXTURES"));
     char path[1024];
-    snprintf(path, sizeof path, "%s/stream_tiles_shared.safetensors", dir);
+    tk_fixture(path, sizeof path, "stream_tiles_shared.safetensors");
     keel_st st;
     keel_err err = {0};
     keel_code rc = keel_st_open(&st, path, &err);

@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include "format/format.h"
+#include "common/testkit.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -249,10 +250,9 @@ static void test_parse_buffer(void **state) {
 
 static void test_fixture(void **state) {
     (void)state;
-    const char *fx = getenv("KEEL_FIXTURES");
-    assert_non_null(fx);
+    assert_non_null(getenv("KEEL_FIXTURES"));
     char path[1024], dir[512];
-    snprintf(dir, sizeof dir, "%s/nemotron_h_tiny", fx);
+    tk_fixture(dir, sizeof dir, "nemotron_h_tiny");
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     keel_st st;
     keel_err err = {0};
@@ -698,16 +698,12 @@ static void test_atomic_write(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    const char *tmp = getenv("KEEL_TMP");
-    snprintf(g_dir, sizeof g_dir, "%s/test_safetensors.%ld", tmp && tmp[0] ? tmp : "/tmp", (long)getpid());
-    return mkdir(g_dir, 0755);
+    return tk_tmpdir(g_dir, sizeof g_dir, "test_safetensors");
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tk_rmtree(g_dir);
 }
 
 int main(void) {

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "format/format.h"
+#include "common/testkit.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,16 +98,12 @@ static void test_mlx_interchange(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    const char *tmp = getenv("KEEL_TMP");
-    snprintf(g_dir, sizeof g_dir, "%s/test_st_mlx.%ld", tmp && tmp[0] ? tmp : "/tmp", (long)getpid());
-    return mkdir(g_dir, 0755);
+    return tk_tmpdir(g_dir, sizeof g_dir, "test_st_mlx");
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tk_rmtree(g_dir);
 }
 
 int main(void) {

@@ -12,15 +12,13 @@
 #include <cmocka.h>
 
 #include "model/model.h"
+#include "common/testkit.h"
 
 static char *read_text(const char *rel, bool fixture) {
     char path[1024];
-    const char *root = fixture ? getenv("KEEL_FIXTURES") : ".";
-    snprintf(path, sizeof path, "%s/%s", root ? root : "../shared/fixtures", rel);
-    char *t = NULL;
-    keel_err err = {0};
-    if (keel_read_file(path, &t, NULL, &err)) fail_msg("%s", err.msg);
-    return t;
+    if (fixture) tk_fixture(path, sizeof path, rel);
+    else snprintf(path, sizeof path, "./%s", rel);
+    return tk_read_text(path);
 }
 
 /* The fixture's config is the base every crafted config edits. */

@@ -13,12 +13,11 @@
 #include <cmocka.h>
 
 #include "model/model.h"
+#include "common/testkit.h"
 
 static const char *fixdir(void) {
     static char p[1024];
-    const char *fx = getenv("KEEL_FIXTURES");
-    snprintf(p, sizeof p, "%s/nemotron_h_tiny", fx ? fx : "../shared/fixtures");
-    return p;
+    return tk_fixture(p, sizeof p, "nemotron_h_tiny");
 }
 
 static const keel_mat_info *find_mat(const keel_model *m, const char *path) {

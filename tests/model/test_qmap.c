@@ -12,12 +12,12 @@
 #include <cmocka.h>
 
 #include "model/model.h"
+#include "common/testkit.h"
 
 static void test_fixture_map(void **state) {
     (void)state;
     char path[1024], *t = NULL;
-    const char *fx = getenv("KEEL_FIXTURES");
-    snprintf(path, sizeof path, "%s/nemotron_h_tiny/config.json", fx ? fx : "../shared/fixtures");
+    tk_fixture(path, sizeof path, "nemotron_h_tiny/config.json");
     keel_err err = {0};
     assert_int_equal(keel_read_file(path, &t, NULL, &err), KEEL_OK);
     cJSON *root = cJSON_Parse(t);
