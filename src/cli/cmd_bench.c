@@ -17,15 +17,6 @@
 #define BENCH_MIN_REPS 3
 #define BENCH_MAX_REPS 1000
 
-static bool parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 static bool parse_double(const char *s, double lo, double hi, double *out) {
     char *end;
     errno = 0;
@@ -182,19 +173,19 @@ static int bench_cpu_args(int argc, char **argv) {
         const char *v = argv[++i];
         long l;
         if (!strcmp(a, "--threads")) {
-            if (!parse_int(v, 1, 4096, &l))
+            if (!keel_cli_parse_long(v, 1, 4096, &l))
                 return keel_cli_fail("bench", "cpu: --threads expects an integer in 1..4096, found '%s'", v);
             cfg.threads = (int)l;
         } else if (!strcmp(a, "--seconds")) {
             if (!parse_double(v, 1e-6, 3600.0, &cfg.seconds))
                 return keel_cli_fail("bench", "cpu: --seconds expects a number in (0, 3600], found '%s'", v);
         } else if (!strcmp(a, "--k")) {
-            if (!parse_int(v, BENCH_GROUP, 1 << 20, &l) || l % BENCH_GROUP)
+            if (!keel_cli_parse_long(v, BENCH_GROUP, 1 << 20, &l) || l % BENCH_GROUP)
                 return keel_cli_fail("bench", "cpu: --k expects a multiple of %d in %d..%d, found '%s'", BENCH_GROUP,
                                      BENCH_GROUP, 1 << 20, v);
             cfg.k = (int)l;
         } else {
-            if (!parse_int(v, 1, 1 << 24, &l))
+            if (!keel_cli_parse_long(v, 1, 1 << 24, &l))
                 return keel_cli_fail("bench", "cpu: --n expects an integer in 1..%d, found '%s'", 1 << 24, v);
             cfg.n = (int)l;
         }

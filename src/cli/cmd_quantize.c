@@ -50,10 +50,8 @@ static void shape_str(const keel_st_tensor *t, char *buf, size_t cap) {
 }
 
 static bool parse_int(const char *s, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < -1000000 || v > 1000000) return false;
+    long v;
+    if (!keel_cli_parse_long(s, -1000000, 1000000, &v)) return false;
     *out = (int)v;
     return true;
 }

@@ -41,15 +41,6 @@ typedef struct run_args {
     keel_sampler_cfg samp;
 } run_args;
 
-static bool parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 static bool parse_float(const char *s, float *out) {
     char *end;
     errno = 0;
@@ -98,15 +89,15 @@ static int parse_args(const char *cmd, int argc, char **argv, bool logits, run_a
             a->f32 = !strcmp(v, "f32");
         }
         else if (!strcmp(o, "--threads")) {
-            if (!parse_int(v, 1, 4096, &n)) return keel_cli_fail(cmd, "--threads '%s': expected 1..4096", v);
+            if (!keel_cli_parse_long(v, 1, 4096, &n)) return keel_cli_fail(cmd, "--threads '%s': expected 1..4096", v);
             a->threads = (int)n;
         } else if (!strcmp(o, "--ctx")) {
-            if (!parse_int(v, 1, INT_MAX, &n)) return keel_cli_fail(cmd, "--ctx '%s': expected a positive count", v);
+            if (!keel_cli_parse_long(v, 1, INT_MAX, &n)) return keel_cli_fail(cmd, "--ctx '%s': expected a positive count", v);
             a->ctx = (int)n;
         } else if (logits) {
             return keel_cli_fail(cmd, "unknown option '%s'", o);
         } else if (!strcmp(o, "-n")) {
-            if (!parse_int(v, -1, INT_MAX, &n)) return keel_cli_fail(cmd, "-n '%s': expected a count (-1: no limit)", v);
+            if (!keel_cli_parse_long(v, -1, INT_MAX, &n)) return keel_cli_fail(cmd, "-n '%s': expected a count (-1: no limit)", v);
             a->n_predict = (int)n;
         } else if (!strcmp(o, "--temp")) {
             if (!parse_float(v, &a->samp.temp) || a->samp.temp < 0.0f)
@@ -117,7 +108,7 @@ static int parse_args(const char *cmd, int argc, char **argv, bool logits, run_a
                 return keel_cli_fail(cmd, "--top-p '%s': expected a number in (0, 1]", v);
             sampling_set = true;
         } else if (!strcmp(o, "--top-k")) {
-            if (!parse_int(v, 0, INT_MAX, &n)) return keel_cli_fail(cmd, "--top-k '%s': expected a count >= 0", v);
+            if (!keel_cli_parse_long(v, 0, INT_MAX, &n)) return keel_cli_fail(cmd, "--top-k '%s': expected a count >= 0", v);
             a->samp.top_k = (int)n;
             sampling_set = true;
         } else if (!strcmp(o, "--min-p")) {
