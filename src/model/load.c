@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "model.h"
 
 typedef struct binder {
@@ -25,15 +26,6 @@ typedef struct binder {
     int cap_mats;
     keel_err *err;
 } binder;
-
-/* snprintf through a va_list: names are bounded by the buffers, and truncation only shortens a message. */
-static void fmt(char *buf, size_t n, const char *f, ...) __attribute__((format(printf, 3, 4)));
-static void fmt(char *buf, size_t n, const char *f, ...) {
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(buf, n, f, ap);
-    va_end(ap);
-}
 
 static void shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
     size_t o = 0;
@@ -369,13 +361,6 @@ out:
     free(b.used);
     *cap_mats = b.cap_mats;
     return rc;
-}
-
-static char *path_join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = keel_xmalloc(n);
-    snprintf(p, n, "%s/%s", dir, name);
-    return p;
 }
 
 /* config.json and its quantization map ("quantization", else the legacy "quantization_config"). */

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "kernels/cpu/cpu.h"
 #include "model.h"
 
@@ -50,14 +51,6 @@ typedef struct plan {
     tspec *t;
     gjob *j;
 } plan;
-
-static void fmt(char *buf, size_t n, const char *f, ...) __attribute__((format(printf, 3, 4)));
-static void fmt(char *buf, size_t n, const char *f, ...) {
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(buf, n, f, ap);
-    va_end(ap);
-}
 
 static int add_t(plan *p, const char *name, keel_dtype dt, int ndim, const int64_t *shape) {
     if (p->nt == p->ct) p->t = keel_xrealloc(p->t, (size_t)(p->ct = p->ct ? 2 * p->ct : 64) * sizeof *p->t);
@@ -547,13 +540,6 @@ static keel_code write_text(const char *path, const char *text, keel_err *err) {
     return rc;
 }
 
-static char *join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = keel_xmalloc(n);
-    snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 static void utf8(unsigned cp, char *out) {
     if (cp < 0x80) {
         out[0] = (char)cp;
@@ -713,9 +699,9 @@ keel_code keel_synth_write(const char *config_json_text, const char *out_dir, co
     if (!rc && o->mtp_bits) rc = plan_mtp(&pt, &cfg, wt, err);
     if (!rc && mkdir(out_dir, 0755) && errno != EEXIST)
         rc = keel_err_set(err, KEEL_E_IO, "%s: cannot create directory: %s", out_dir, strerror(errno));
-    char *cpath = join(out_dir, "config.json"), *mpath = join(out_dir, "model.safetensors"),
-         *tpath = join(out_dir, "tokenizer.json"), *tcpath = join(out_dir, "tokenizer_config.json"),
-         *xpath = join(out_dir, "mtp.safetensors");
+    char *cpath = path_join(out_dir, "config.json"), *mpath = path_join(out_dir, "model.safetensors"),
+         *tpath = path_join(out_dir, "tokenizer.json"), *tcpath = path_join(out_dir, "tokenizer_config.json"),
+         *xpath = path_join(out_dir, "mtp.safetensors");
     if (!rc) {
         const char *meta[2] = {"format", "mlx"};
         rc = write_st(&pm, mpath, meta, 1, o->seed, err);
