@@ -144,6 +144,20 @@ static inline void tk_ref_close(tk_ref *f) {
     keel_model_free(&f->model);
 }
 
+/* cmocka group setup and teardown: *state is a loaded tk_ref. */
+static inline int tk_ref_setup(void **state) {
+    tk_ref *f = calloc(1, sizeof *f);
+    if (tk_ref_open(f) != 0) return -1;
+    *state = f;
+    return 0;
+}
+
+static inline int tk_ref_teardown(void **state) {
+    tk_ref_close(*state);
+    free(*state);
+    return 0;
+}
+
 /* Makes the scratch directory $KEEL_TMP/<tag>.<pid> (/tmp where unset) into buf; mkdir's result. */
 static inline int tk_tmpdir(char *buf, size_t cap, const char *tag) {
     snprintf(buf, cap, "%s/%s.%ld", tk_env("KEEL_TMP", "/tmp"), tag, (long)getpid());

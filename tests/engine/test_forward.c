@@ -17,17 +17,7 @@ typedef tk_ref fx;
 
 static int setup(void **state) {
     keel_cpu_set_threads(1); /* results do not depend on it; test machines are small and shared */
-    fx *f = calloc(1, sizeof *f);
-    if (tk_ref_open(f) != 0) return -1;
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state) {
-    fx *f = *state;
-    tk_ref_close(f);
-    free(f);
-    return 0;
+    return tk_ref_setup(state);
 }
 
 static void test_teacher_forced(void **state) {
@@ -286,5 +276,5 @@ int main(void) {
         cmocka_unit_test(test_mtp), cmocka_unit_test(test_long_prompt_chunks),
         cmocka_unit_test(test_mtp_absent),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, tk_ref_teardown);
 }

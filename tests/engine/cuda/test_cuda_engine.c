@@ -24,20 +24,6 @@
 
 typedef tk_ref fx;
 
-static int setup(void **state) {
-    fx *f = calloc(1, sizeof *f);
-    if (tk_ref_open(f) != 0) return -1;
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state) {
-    fx *f = *state;
-    tk_ref_close(f);
-    free(f);
-    return 0;
-}
-
 /* S of each row of h (n, hidden): max over the vocabulary of sum_i |h_i W_vi| with W the dequantized lm_head. */
 static void lm_magnitude(const keel_model *m, const float *h, int n, double *S) {
     const int H = m->cfg.hidden, V = m->cfg.vocab;
@@ -300,6 +286,6 @@ int main(void) {
         cmocka_unit_test(test_greedy),         cmocka_unit_test(test_mtp),
         cmocka_unit_test(test_f32_activations), cmocka_unit_test(test_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tk_ref_setup, tk_ref_teardown);
 #endif
 }
