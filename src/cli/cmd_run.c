@@ -13,6 +13,8 @@
 #include "kernels/cpu/cpu.h"
 #ifdef KEEL_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
+#else
+typedef struct keel_cuda_engine keel_cuda_engine; /* only ever NULL in a build without CUDA */
 #endif
 #include "tokenizer/tokenizer.h"
 
@@ -264,6 +266,23 @@ static int on_token(void *user, int tok, int64_t pos) {
     return 0;
 }
 
+/* The engine a->backend names, for up to ctx positions: *ce on CUDA, e on the CPU. 0, or an exit status. */
+static int start_engine(const char *cmd, const run_args *a, const keel_model *m, int ctx, keel_engine *e,
+                        keel_cuda_engine **ce) {
+    keel_err err = {0};
+#ifdef KEEL_HAVE_CUDA
+    if (a->backend == KEEL_BACKEND_CUDA &&
+        (keel_cuda_engine_init(ce, m, ctx, &err) != KEEL_OK ||
+         keel_cuda_engine_set_activations(*ce, a->f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK))
+        return keel_cli_fail(cmd, "%s", err.msg);
+#else
+    (void)ce;
+#endif
+    if (a->backend == KEEL_BACKEND_CPU && keel_engine_init(e, m, ctx, &err) != KEEL_OK)
+        return keel_cli_fail(cmd, "%s", err.msg);
+    return 0;
+}
+
 static const char *stop_text(keel_stop s) {
     switch (s) {
     case KEEL_STOP_EOS: return "end of sequence";
@@ -289,9 +308,7 @@ int keel_cli_run(int argc, char **argv) {
     keel_tokenizer *t = NULL;
     int *ids = NULL, n = 0;
     keel_engine e = {0};
-#ifdef KEEL_HAVE_CUDA
-    keel_cuda_engine *ce = NULL;
-#endif
+    keel_cuda_engine *ce = NULL; /* the CUDA engine where a.backend picks it */
     stream st = {.ids = a.ids, .tty = isatty(fileno(stdout)) != 0};
     if (!a.ids || a.prompt) {
         rc = load_tokenizer(cmd, &m, a.prompt ? "--prompt" : "printing text (without --ids)", &t);
@@ -308,18 +325,7 @@ int keel_cli_run(int argc, char **argv) {
         rc = keel_cli_fail(cmd, "the prompt has %d tokens, longer than the context of %d tokens (--ctx)", n, ctx);
         goto done;
     }
-#ifdef KEEL_HAVE_CUDA
-    if (a.backend == KEEL_BACKEND_CUDA &&
-        (keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK ||
-         keel_cuda_engine_set_activations(ce, a.f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK)) {
-        rc = keel_cli_fail(cmd, "%s", err.msg);
-        goto done;
-    }
-#endif
-    if (a.backend == KEEL_BACKEND_CPU && keel_engine_init(&e, &m, ctx, &err) != KEEL_OK) {
-        rc = keel_cli_fail(cmd, "%s", err.msg);
-        goto done;
-    }
+    if ((rc = start_engine(cmd, &a, &m, ctx, &e, &ce))) goto done;
     if (t) keel_detok_init(&st.d, t);
     static const int no_eos[1] = {-1};
     keel_gen_opts o = {.n_predict = a.n_predict, .samp = a.samp, .eos = a.ignore_eos ? no_eos : NULL, .n_eos = 0};
@@ -380,9 +386,7 @@ int keel_cli_logits(int argc, char **argv) {
     int *ids = NULL, n = 0;
     float *lg = NULL, *hd = NULL, *ml = NULL, *mh = NULL;
     keel_engine e = {0};
-#ifdef KEEL_HAVE_CUDA
-    keel_cuda_engine *ce = NULL;
-#endif
+    keel_cuda_engine *ce = NULL; /* the CUDA engine where a.backend picks it */
     keel_st_writer w;
     keel_st_writer_init(&w);
     if (a.mtp && !m.has_mtp) {
@@ -399,18 +403,7 @@ int keel_cli_logits(int argc, char **argv) {
         rc = keel_cli_fail(cmd, "the prompt has %d tokens, longer than the context of %d tokens (--ctx)", n, a.ctx);
         goto done;
     }
-#ifdef KEEL_HAVE_CUDA
-    if (a.backend == KEEL_BACKEND_CUDA &&
-        (keel_cuda_engine_init(&ce, &m, n, &err) != KEEL_OK ||
-         keel_cuda_engine_set_activations(ce, a.f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK)) {
-        rc = keel_cli_fail(cmd, "%s", err.msg);
-        goto done;
-    }
-#endif
-    if (a.backend == KEEL_BACKEND_CPU && keel_engine_init(&e, &m, n, &err) != KEEL_OK) {
-        rc = keel_cli_fail(cmd, "%s", err.msg);
-        goto done;
-    }
+    if ((rc = start_engine(cmd, &a, &m, n, &e, &ce))) goto done;
     const int V = m.cfg.vocab, H = m.cfg.hidden;
     lg = malloc((size_t)n * V * sizeof(float));
     hd = malloc((size_t)n * H * sizeof(float));
