@@ -17,9 +17,8 @@
 
 static void test_synth_info(void **state) {
     (void)state;
-    const char *tmp = getenv("KEEL_TMP");
     char dir[1024], cmd[2300];
-    snprintf(dir, sizeof dir, "%s/cli_synth_demo", tmp ? tmp : "/tmp");
+    snprintf(dir, sizeof dir, "%s/cli_synth_demo", tk_tmp());
     int st;
     snprintf(cmd, sizeof cmd, "'%s' synth configs/demo.json '%s' --bits 5 --group 32 --scales f32 --mtp-bits 8 --seed 9 2>&1",
              tk_bin(), dir);
@@ -65,12 +64,11 @@ static void test_synth_info(void **state) {
 
 static void test_threads_env(void **state) {
     (void)state;
-    const char *tmp = getenv("KEEL_TMP");
-    char d[3][1024], cmd[2300];
+    char d[3][1024], cmd[4400];
     const char *env[3] = {"OMP_NUM_THREADS=1", "OMP_NUM_THREADS=2", "OMP_NUM_THREADS=2"};
     const int seed[3] = {3, 3, 4};
     for (int i = 0; i < 3; i++) {
-        snprintf(d[i], sizeof d[i], "%s/cli_synth_thr%d", tmp ? tmp : "/tmp", i);
+        snprintf(d[i], sizeof d[i], "%s/cli_synth_thr%d", tk_tmp(), i);
         snprintf(cmd, sizeof cmd, "%s '%s' synth configs/demo.json '%s' --mtp-bits 6 --seed %d 2>&1", env[i], tk_bin(),
                  d[i], seed[i]);
         int st;
@@ -90,9 +88,8 @@ static void test_threads_env(void **state) {
 
 static void test_bad_args(void **state) {
     (void)state;
-    const char *tmp = getenv("KEEL_TMP");
     char dir[1024], cmd[2300];
-    snprintf(dir, sizeof dir, "%s/cli_synth_bad", tmp ? tmp : "/tmp");
+    snprintf(dir, sizeof dir, "%s/cli_synth_bad", tk_tmp());
     const char *bad[][2] = {
         {"--bits 7", "bits 7"},          {"--group 48", "group 48"}, {"--scales f8", "f8"},
         {"--mtp-bits 0", "--mtp-bits"},  {"--seed -1", "--seed"},    {"--frobnicate", "--frobnicate"},

@@ -27,6 +27,9 @@ static inline const char *tk_env(const char *name, const char *fallback) {
 /* The keel binary: $KEEL_BIN, or build/keel from the repository root. */
 static inline const char *tk_bin(void) { return tk_env("KEEL_BIN", "build/keel"); }
 
+/* The scratch directory: $KEEL_TMP, or /tmp. */
+static inline const char *tk_tmp(void) { return tk_env("KEEL_TMP", "/tmp"); }
+
 /* The repository root: $KEEL_SRC, or the working directory the tests run in. */
 static inline const char *tk_src(void) { return tk_env("KEEL_SRC", "."); }
 
@@ -160,7 +163,7 @@ static inline int tk_ref_teardown(void **state) {
 
 /* Makes the scratch directory $KEEL_TMP/<tag>.<pid> (/tmp where unset) into buf; mkdir's result. */
 static inline int tk_tmpdir(char *buf, size_t cap, const char *tag) {
-    snprintf(buf, cap, "%s/%s.%ld", tk_env("KEEL_TMP", "/tmp"), tag, (long)getpid());
+    snprintf(buf, cap, "%s/%s.%ld", tk_tmp(), tag, (long)getpid());
     return mkdir(buf, 0755);
 }
 

@@ -152,8 +152,7 @@ static void write_file(const char *path, const char *text) {
 
 /* Writes KEEL_TMP/load_<tag>/{config.json, model.safetensors} from the fixture with the edits of c. */
 static void make_ckpt(const char *tag, const craft *c, char *dir, size_t n) {
-    const char *tmp = getenv("KEEL_TMP");
-    snprintf(dir, n, "%s/load_%s", tmp ? tmp : "/tmp", tag);
+    snprintf(dir, n, "%s/load_%s", tk_tmp(), tag);
     mkdir(dir, 0755);
     char path[1200];
     snprintf(path, sizeof path, "%s/config.json", fixdir());
@@ -269,8 +268,7 @@ static void test_crafted(void **state) {
 /* MTP heads written from the fixture's with one thing changed. */
 static void make_mtp(const char *tag, const char *quant_meta, const char *drop, const char *extra, char *path,
                      size_t n) {
-    const char *tmp = getenv("KEEL_TMP");
-    snprintf(path, n, "%s/load_mtp_%s.safetensors", tmp ? tmp : "/tmp", tag);
+    snprintf(path, n, "%s/load_mtp_%s.safetensors", tk_tmp(), tag);
     char src[1200];
     snprintf(src, sizeof src, "%s/mtp.safetensors", fixdir());
     keel_st st;

@@ -16,17 +16,12 @@
 
 #include "kernels/cpu/cpu.h"
 #include "model/model.h"
+#include "common/testkit.h"
 
-static char *demo_config(void) {
-    char *t = NULL;
-    keel_err err = {0};
-    if (keel_read_file("configs/demo.json", &t, NULL, &err)) fail_msg("%s", err.msg);
-    return t;
-}
+static char *demo_config(void) { return tk_read_text("configs/demo.json"); }
 
 static void out_dir(const char *tag, char *buf, size_t n) {
-    const char *tmp = getenv("KEEL_TMP");
-    snprintf(buf, n, "%s/synth_%s", tmp ? tmp : "/tmp", tag);
+    snprintf(buf, n, "%s/synth_%s", tk_tmp(), tag);
 }
 
 static void synth(const char *cfg, const char *dir, keel_synth_opts o) {

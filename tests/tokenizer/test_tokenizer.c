@@ -11,13 +11,14 @@
 #include <cjson/cJSON.h>
 
 #include "tokenizer/tokenizer.h"
+#include "common/testkit.h"
 
 static char fixture_path[4096];
 
 static const char *fixture(const char *name) {
-    const char *dir = getenv("KEEL_FIXTURES");
-    snprintf(fixture_path, sizeof fixture_path, "%s/nemotron_h_tiny/%s", dir ? dir : "../shared/fixtures", name);
-    return fixture_path;
+    char rel[256];
+    snprintf(rel, sizeof rel, "nemotron_h_tiny/%s", name);
+    return tk_fixture(fixture_path, sizeof fixture_path, rel);
 }
 
 static cJSON *read_json(const char *path) {
@@ -42,8 +43,7 @@ static keel_tokenizer *load_fixture(void) {
 /* Writes j to KEEL_TMP/tokenizer_<name>.json and returns the path (static storage, one at a time). */
 static const char *write_tmp(const char *name, const char *text) {
     static char path[4096];
-    const char *tmp = getenv("KEEL_TMP");
-    snprintf(path, sizeof path, "%s/tokenizer_%s.json", tmp ? tmp : "/tmp", name);
+    snprintf(path, sizeof path, "%s/tokenizer_%s.json", tk_tmp(), name);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     fputs(text, f);
