@@ -76,7 +76,7 @@ typedef struct tile {
     size_t total_bytes; /* bytes of all n weight rows */
     keel_epilogue epi;
     uint8_t ctl[32];    /* AVX2 byte shuffle: lane i gets bytes (i*bits)/8 and the next of 8 codes' u64 */
-    int32_t sh[8];      /* AVX2 per-lane right shift: (i*bits) % 8 */
+    int32_t sh[8];      /* AVX2 per-lane right shift: (i*bits) % 8, or i*bits when 8 codes fit one u32 */
 } tile;
 
 typedef void (*pass_fn)(const tile *t, int j, int r0, int R);
@@ -197,9 +197,18 @@ KEEL_AVX2 static void sumx_avx2(const float *x, int k, int group, float *sx) {
     }
 }
 
-/* 8 codes at byte p (they fill exactly `bits` bytes) as floats; `full` allows a plain 8-byte load there. */
+/* 8 codes at byte p (they fill exactly `bits` bytes) as floats; `full` allows a plain 8-byte load there. Up to
+ * 4 bits the 8 codes fit one u32, so a broadcast and per-lane shifts decode them without a byte shuffle. */
 KEEL_AVX2 static inline __m256 decode8_avx2(const uint8_t *p, int bits, bool full, __m256i ctl, __m256i shv,
                                             __m256i mk) {
+    if (bits <= 4) {
+        uint32_t w = 0;
+        if (full)
+            memcpy(&w, p, 4);
+        else
+            memcpy(&w, p, (size_t)bits);
+        return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shv), mk));
+    }
     const __m256i vb = _mm256_set1_epi64x((long long)load_codes(p, bits, full));
     return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(vb, ctl), shv), mk));
 }
@@ -217,11 +226,13 @@ KEEL_AVX2 static inline __attribute__((always_inline)) void rows_avx2(const __m2
     for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(sv, _mm256_add_ps(e[r], o[r]), acc[r]);
 }
 
-/* R is a compile-time constant at every call site, so the accumulators live in registers. Up to 4 rows decode
- * straight into registers; 5..8 rows decode the group once into a small buffer and run two blocks of rows. */
-KEEL_AVX2 static inline __attribute__((always_inline)) void q_pass_avx2_r(const tile *t, int j, int r0, const int R) {
+/* R and G are compile-time constants at every call site, so the accumulators live in registers and the group's
+ * loops unroll completely. Up to 4 rows decode straight into registers; 5..8 rows decode the group once into a
+ * small buffer and run two blocks of rows. */
+KEEL_AVX2 static inline __attribute__((always_inline)) void q_pass_avx2_r(const tile *t, int j, int r0, const int R,
+                                                                      const int G) {
     const keel_qmat *W = t->W;
-    const int k = W->k, G = W->group, ng = t->ng, bits = KEEL_STREAM_BITS(W->bits);
+    const int k = W->k, ng = t->ng, bits = KEEL_STREAM_BITS(W->bits);
     const uint8_t *row = (const uint8_t *)W->w + (size_t)j * t->row_bytes;
     const size_t avail = t->total_bytes - (size_t)j * t->row_bytes;
     const __m256i ctl = _mm256_loadu_si256((const __m256i *)t->ctl);
@@ -267,17 +278,53 @@ KEEL_AVX2 static inline __attribute__((always_inline)) void q_pass_avx2_r(const 
         KEEL_STREAM_STORE(t, r0 + r, j, KEEL_STREAM_QFINAL_AVX2(t, hsum8_avx2(acc[r]), acc[r], bacc[r]));
 }
 
-KEEL_AVX2 static void q_pass_avx2(const tile *t, int j, int r0, int R) {
+/* One specialisation per (rows, group size); the group size is one of 32, 64, 128 (asserted by the driver). */
+KEEL_AVX2 static void q_pass_avx2_g32(const tile *t, int j, int r0, int R) {
     switch (R) {
-    case 1: q_pass_avx2_r(t, j, r0, 1); break;
-    case 2: q_pass_avx2_r(t, j, r0, 2); break;
-    case 3: q_pass_avx2_r(t, j, r0, 3); break;
-    case 4: q_pass_avx2_r(t, j, r0, 4); break;
-    case 5: q_pass_avx2_r(t, j, r0, 5); break;
-    case 6: q_pass_avx2_r(t, j, r0, 6); break;
-    case 7: q_pass_avx2_r(t, j, r0, 7); break;
-    default: q_pass_avx2_r(t, j, r0, 8); break;
+    case 1: q_pass_avx2_r(t, j, r0, 1, 32); break;
+    case 2: q_pass_avx2_r(t, j, r0, 2, 32); break;
+    case 3: q_pass_avx2_r(t, j, r0, 3, 32); break;
+    case 4: q_pass_avx2_r(t, j, r0, 4, 32); break;
+    case 5: q_pass_avx2_r(t, j, r0, 5, 32); break;
+    case 6: q_pass_avx2_r(t, j, r0, 6, 32); break;
+    case 7: q_pass_avx2_r(t, j, r0, 7, 32); break;
+    default: q_pass_avx2_r(t, j, r0, 8, 32); break;
     }
+}
+
+KEEL_AVX2 static void q_pass_avx2_g64(const tile *t, int j, int r0, int R) {
+    switch (R) {
+    case 1: q_pass_avx2_r(t, j, r0, 1, 64); break;
+    case 2: q_pass_avx2_r(t, j, r0, 2, 64); break;
+    case 3: q_pass_avx2_r(t, j, r0, 3, 64); break;
+    case 4: q_pass_avx2_r(t, j, r0, 4, 64); break;
+    case 5: q_pass_avx2_r(t, j, r0, 5, 64); break;
+    case 6: q_pass_avx2_r(t, j, r0, 6, 64); break;
+    case 7: q_pass_avx2_r(t, j, r0, 7, 64); break;
+    default: q_pass_avx2_r(t, j, r0, 8, 64); break;
+    }
+}
+
+KEEL_AVX2 static void q_pass_avx2_g128(const tile *t, int j, int r0, int R) {
+    switch (R) {
+    case 1: q_pass_avx2_r(t, j, r0, 1, 128); break;
+    case 2: q_pass_avx2_r(t, j, r0, 2, 128); break;
+    case 3: q_pass_avx2_r(t, j, r0, 3, 128); break;
+    case 4: q_pass_avx2_r(t, j, r0, 4, 128); break;
+    case 5: q_pass_avx2_r(t, j, r0, 5, 128); break;
+    case 6: q_pass_avx2_r(t, j, r0, 6, 128); break;
+    case 7: q_pass_avx2_r(t, j, r0, 7, 128); break;
+    default: q_pass_avx2_r(t, j, r0, 8, 128); break;
+    }
+}
+
+KEEL_AVX2 static void q_pass_avx2(const tile *t, int j, int r0, int R) {
+    if (t->W->group == 32)
+        q_pass_avx2_g32(t, j, r0, R);
+    else if (t->W->group == 64)
+        q_pass_avx2_g64(t, j, r0, R);
+    else
+        q_pass_avx2_g128(t, j, r0, R);
 }
 
 /* 8 weights of a float row as float32; the tail is zero-padded exactly as the portable path pads it. */
@@ -352,7 +399,7 @@ void KEEL_STREAM_MATMUL(const keel_qmat *W, const float *x, int m, float *y, kee
             const int bit = i * KEEL_STREAM_BITS(W->bits), b0 = bit >> 3;
             const uint8_t c[4] = {(uint8_t)b0, (uint8_t)(b0 + 1 <= 7 ? b0 + 1 : 0x80), 0x80, 0x80};
             memcpy(t.ctl + 4 * i, c, 4); /* lanes 4..7 sit in the high 128 bits, which hold the same u64 */
-            t.sh[i] = bit & 7;
+            t.sh[i] = KEEL_STREAM_BITS(W->bits) <= 4 ? bit : bit & 7;
         }
         sx = keel_xmalloc((size_t)m * (size_t)t.ng * sizeof(float));
         for (int r = 0; r < m; r++) {
