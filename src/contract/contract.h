@@ -33,6 +33,21 @@ typedef struct keel_contract_backend {
     bool (*sync)(char *why, size_t cap);
 } keel_contract_backend;
 
+/* One operand on a backend between canary guards: host image guard|data|guard, and its backend copy. Without
+ * data the bytes are KEEL_CONTRACT_UNWRITTEN (an all-ones NaN no kernel produces), so unwritten outputs show. */
+#define KEEL_CONTRACT_UNWRITTEN 0xFFu
+typedef struct keel_contract_gbuf {
+    const char *name;
+    size_t bytes;
+    uint8_t *img;
+    void *dev;
+} keel_contract_gbuf;
+void keel_contract_gbuf_make(keel_contract_gbuf *g, const keel_contract_backend *be, const char *name,
+                             const void *data, size_t bytes, int salt);
+/* Compares a downloaded image with the uploaded one: the guards always, the data too for an input. */
+bool keel_contract_gbuf_check(const keel_contract_gbuf *g, const uint8_t *back, bool input, char *why, size_t cap);
+void keel_contract_gbuf_free(keel_contract_gbuf *g, const keel_contract_backend *be);
+
 typedef enum keel_contract_family {
     KEEL_CF_STREAM = 0, /* quantized stream tile: y (m, n) = epi(x (m, k) . dequant(W)^T) */
     KEEL_CF_FLOAT,      /* the same entry on a float matrix (BF16, F16, F32 weights) */

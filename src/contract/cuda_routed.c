@@ -22,7 +22,7 @@
 
 #define U32 0x1p-24
 #define GUARD KEEL_CONTRACT_GUARD
-#define UNWRITTEN 0xFFu
+#define UNWRITTEN KEEL_CONTRACT_UNWRITTEN
 #define MAX_E 8
 
 typedef struct rng {
@@ -212,48 +212,7 @@ static void reference(const keel_contract_reg *reg, const rcase *c, double *ref,
 
 /* ---- guarded launches ------------------------------------------------------------------------------ */
 
-typedef struct gbuf {
-    const char *name;
-    size_t bytes;
-    uint8_t *img;
-    void *dev;
-} gbuf;
-
-static uint8_t canary(size_t i, int salt) { return (uint8_t)(0x5Au ^ (unsigned)(i * 31u + (size_t)salt * 11u)); }
-
-static void gbuf_make(gbuf *g, const keel_contract_backend *be, const char *name, const void *data, size_t bytes,
-                      int salt) {
-    g->name = name;
-    g->bytes = bytes;
-    g->img = keel_xmalloc(bytes + 2 * GUARD);
-    for (size_t i = 0; i < GUARD; i++) g->img[i] = canary(i, salt), g->img[GUARD + bytes + i] = canary(i + GUARD, salt);
-    if (data)
-        memcpy(g->img + GUARD, data, bytes);
-    else
-        memset(g->img + GUARD, (int)UNWRITTEN, bytes);
-    g->dev = be->alloc(bytes + 2 * GUARD);
-    be->upload(g->dev, g->img, bytes + 2 * GUARD);
-}
-
-static bool gbuf_check(const gbuf *g, const uint8_t *back, bool input, char *why, size_t cap) {
-    for (size_t i = 0; i < GUARD; i++) {
-        if (back[i] != g->img[i]) {
-            snprintf(why, cap, "the guard before %s was written (byte %zu before its start)", g->name, GUARD - i);
-            return false;
-        }
-        if (back[GUARD + g->bytes + i] != g->img[GUARD + g->bytes + i]) {
-            snprintf(why, cap, "the guard after %s was written (byte %zu past its end of %zu)", g->name, i, g->bytes);
-            return false;
-        }
-    }
-    if (input && memcmp(back + GUARD, g->img + GUARD, g->bytes) != 0) {
-        size_t i = 0;
-        while (back[GUARD + i] == g->img[GUARD + i]) i++;
-        snprintf(why, cap, "input %s was modified (byte %zu of %zu)", g->name, i, g->bytes);
-        return false;
-    }
-    return true;
-}
+typedef keel_contract_gbuf gbuf;
 
 /* Launches `launch` on c into y (ydt elements). With `check`: guards, inputs unchanged, every routed output
  * written and every other output untouched. */
@@ -263,13 +222,13 @@ static bool launch_case(const keel_contract_reg *reg, keel_contract_launch_fn la
     const size_t ys = keel_dtype_size(reg->ydt), yb = y_elems(c) * ys;
     const size_t sbytes = (size_t)c->W.n * (size_t)(c->k / reg->group) * keel_dtype_size(reg->sdt);
     gbuf b[7];
-    gbuf_make(&b[0], be, "W", c->w, (size_t)c->W.n * keel_quant_row_words(c->k, reg->bits) * 4, 1);
-    gbuf_make(&b[1], be, "scales", c->s, sbytes, 2);
-    gbuf_make(&b[2], be, "biases", c->b, sbytes, 3);
-    gbuf_make(&b[3], be, "x", c->x, x_elems(c) * keel_dtype_size(c->xdt), 4);
-    gbuf_make(&b[4], be, "items", c->items, (size_t)c->n_items * sizeof(keel_cuda_route), 5);
-    gbuf_make(&b[5], be, "weights", c->wts, (size_t)c->n_items * 8 * sizeof(float), 6);
-    gbuf_make(&b[6], be, c->down ? "y" : "h", NULL, yb, 7);
+    keel_contract_gbuf_make(&b[0], be, "W", c->w, (size_t)c->W.n * keel_quant_row_words(c->k, reg->bits) * 4, 1);
+    keel_contract_gbuf_make(&b[1], be, "scales", c->s, sbytes, 2);
+    keel_contract_gbuf_make(&b[2], be, "biases", c->b, sbytes, 3);
+    keel_contract_gbuf_make(&b[3], be, "x", c->x, x_elems(c) * keel_dtype_size(c->xdt), 4);
+    keel_contract_gbuf_make(&b[4], be, "items", c->items, (size_t)c->n_items * sizeof(keel_cuda_route), 5);
+    keel_contract_gbuf_make(&b[5], be, "weights", c->wts, (size_t)c->n_items * 8 * sizeof(float), 6);
+    keel_contract_gbuf_make(&b[6], be, c->down ? "y" : "h", NULL, yb, 7);
     keel_contract_args a = {.W = c->W, .m = c->m, .count = y_elems(c), .n_items = c->n_items};
     a.W.w = (const uint32_t *)((uint8_t *)b[0].dev + GUARD);
     a.W.scales = (uint8_t *)b[1].dev + GUARD;
@@ -284,7 +243,7 @@ static bool launch_case(const keel_contract_reg *reg, keel_contract_launch_fn la
     be->download(back, b[6].dev, yb + 2 * GUARD);
     memcpy(y, back + GUARD, yb);
     if (ok && check) {
-        ok = gbuf_check(&b[6], back, false, why, cap);
+        ok = keel_contract_gbuf_check(&b[6], back, false, why, cap);
         const size_t cnt = y_elems(c);
         bool *routed = keel_xmalloc(cnt);
         for (size_t i = 0; i < cnt; i++) { /* fc2 writes every token; fc1 the tokens in each item's mask */
@@ -307,15 +266,12 @@ static bool launch_case(const keel_contract_reg *reg, keel_contract_launch_fn la
         for (int i = 0; ok && i < 6; i++) {
             uint8_t *ib = keel_xmalloc(b[i].bytes + 2 * GUARD);
             be->download(ib, b[i].dev, b[i].bytes + 2 * GUARD);
-            ok = gbuf_check(&b[i], ib, true, why, cap);
+            ok = keel_contract_gbuf_check(&b[i], ib, true, why, cap);
             free(ib);
         }
     }
     free(back);
-    for (int i = 0; i < 7; i++) {
-        be->release(b[i].dev);
-        free(b[i].img);
-    }
+    for (int i = 0; i < 7; i++) keel_contract_gbuf_free(&b[i], be);
     return ok;
 }
 

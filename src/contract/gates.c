@@ -203,20 +203,14 @@ int keel_contract_mma_roundings(int group, int k, int splits) { return 9 * group
 /* ---- guarded launches ------------------------------------------------------------------------------ */
 
 #define GUARD KEEL_CONTRACT_GUARD
-#define Y_UNWRITTEN 0xFFu /* y's bytes before a launch: an all-ones NaN no kernel produces */
+#define Y_UNWRITTEN KEEL_CONTRACT_UNWRITTEN
 
 static uint8_t canary(size_t i, int salt) { return (uint8_t)(0xA5u ^ (unsigned)(i * 29u + (size_t)salt * 7u)); }
 
-/* One operand on the backend: host image guard|data|guard, the backend copy, and the data as uploaded. */
-typedef struct gbuf {
-    const char *name;
-    size_t bytes;
-    uint8_t *img;
-    void *dev;
-} gbuf;
+typedef keel_contract_gbuf gbuf;
 
-static void gbuf_make(gbuf *g, const keel_contract_backend *be, const char *name, const void *data, size_t bytes,
-                      int salt) {
+void keel_contract_gbuf_make(gbuf *g, const keel_contract_backend *be, const char *name, const void *data,
+                             size_t bytes, int salt) {
     g->name = name;
     g->bytes = bytes;
     g->img = keel_xmalloc(bytes + 2 * GUARD);
@@ -229,8 +223,7 @@ static void gbuf_make(gbuf *g, const keel_contract_backend *be, const char *name
     be->upload(g->dev, g->img, bytes + 2 * GUARD);
 }
 
-/* Compares the downloaded image with the uploaded one: guards always, data when `input`. */
-static bool gbuf_check(const gbuf *g, const uint8_t *back, bool input, char *why, size_t cap) {
+bool keel_contract_gbuf_check(const gbuf *g, const uint8_t *back, bool input, char *why, size_t cap) {
     for (size_t i = 0; i < GUARD; i++) {
         if (back[i] != g->img[i]) {
             snprintf(why, cap, "the guard before %s was written (byte %zu before its start)", g->name, GUARD - i);
@@ -250,6 +243,11 @@ static bool gbuf_check(const gbuf *g, const uint8_t *back, bool input, char *why
     return true;
 }
 
+void keel_contract_gbuf_free(gbuf *g, const keel_contract_backend *be) {
+    be->release(g->dev);
+    free(g->img);
+}
+
 /* Launches `launch` on h; y receives the output (ydt elements). With `check`, verifies every guard, that inputs
  * are unchanged and that every output was written; returns false with the reason in why. */
 static bool launch_case(const keel_contract_reg *reg, keel_contract_launch_fn launch, const hcase *h, void *y,
@@ -259,13 +257,13 @@ static bool launch_case(const keel_contract_reg *reg, keel_contract_launch_fn la
     gbuf bufs[5];
     int nb = 0;
     gbuf *gw = NULL, *gs = NULL, *gb = NULL, *gx = NULL, *gy;
-    if (w_bytes(reg, h->n, h->k)) gbuf_make(gw = &bufs[nb++], be, "W", h->w, w_bytes(reg, h->n, h->k), 1);
+    if (w_bytes(reg, h->n, h->k)) keel_contract_gbuf_make(gw = &bufs[nb++], be, "W", h->w, w_bytes(reg, h->n, h->k), 1);
     if (s_bytes(reg, h->n, h->k)) {
-        gbuf_make(gs = &bufs[nb++], be, "scales", h->s, s_bytes(reg, h->n, h->k), 2);
-        gbuf_make(gb = &bufs[nb++], be, "biases", h->b, s_bytes(reg, h->n, h->k), 3);
+        keel_contract_gbuf_make(gs = &bufs[nb++], be, "scales", h->s, s_bytes(reg, h->n, h->k), 2);
+        keel_contract_gbuf_make(gb = &bufs[nb++], be, "biases", h->b, s_bytes(reg, h->n, h->k), 3);
     }
-    if (x_bytes(reg, h->m, h->k)) gbuf_make(gx = &bufs[nb++], be, "x", h->x, x_bytes(reg, h->m, h->k), 4);
-    gbuf_make(gy = &bufs[nb++], be, "y", h->y0, yb, 5);
+    if (x_bytes(reg, h->m, h->k)) keel_contract_gbuf_make(gx = &bufs[nb++], be, "x", h->x, x_bytes(reg, h->m, h->k), 4);
+    keel_contract_gbuf_make(gy = &bufs[nb++], be, "y", h->y0, yb, 5);
 
     keel_contract_args a = {.W = h->W, .m = h->m, .count = y_count(reg, h->m, h->n)};
     if (gw) a.W.w = (const uint32_t *)((uint8_t *)gw->dev + GUARD);
@@ -278,7 +276,7 @@ static bool launch_case(const keel_contract_reg *reg, keel_contract_launch_fn la
     be->download(back, gy->dev, yb + 2 * GUARD);
     memcpy(y, back + GUARD, yb);
     if (ok && check) {
-        ok = gbuf_check(gy, back, false, why, cap);
+        ok = keel_contract_gbuf_check(gy, back, false, why, cap);
         const size_t ys = keel_dtype_size(reg->ydt);
         for (size_t i = 0; ok && !h->y0 && i < yb; i += ys) {
             size_t u = 0;
@@ -291,15 +289,12 @@ static bool launch_case(const keel_contract_reg *reg, keel_contract_launch_fn la
         for (int i = 0; ok && i < nb - 1; i++) {
             uint8_t *ib = keel_xmalloc(bufs[i].bytes + 2 * GUARD);
             be->download(ib, bufs[i].dev, bufs[i].bytes + 2 * GUARD);
-            ok = gbuf_check(&bufs[i], ib, true, why, cap);
+            ok = keel_contract_gbuf_check(&bufs[i], ib, true, why, cap);
             free(ib);
         }
     }
     free(back);
-    for (int i = 0; i < nb; i++) {
-        be->release(bufs[i].dev);
-        free(bufs[i].img);
-    }
+    for (int i = 0; i < nb; i++) keel_contract_gbuf_free(&bufs[i], be);
     return ok;
 }
 
