@@ -318,3 +318,21 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
 #endif
     return 0;
 }
+
+/* The chip's read bandwidth in GB/s, as `keel bench stream` measures it (median of 10 reads of 1 GiB). */
+extern "C" double keel_cuda_read_gbs(void) {
+    const size_t bytes = 1ull << 30;
+    void *p = keel_cuda_malloc(bytes);
+    uint32_t *o = (uint32_t *)keel_cuda_malloc(4);
+    fill(p, bytes, 5u, 0);
+    int sms = 0, dev = 0;
+    KEEL_CUDA_CHECK(cudaGetDevice(&dev));
+    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const double us = median_us(10, [&](int) {
+        read_kernel<<<(unsigned)(sms * 16), 512>>>((const uint4 *)p, bytes / 16, o);
+        KEEL_CUDA_CHECK_LAUNCH();
+    });
+    keel_cuda_free(p);
+    keel_cuda_free(o);
+    return (double)bytes / us / 1e3;
+}

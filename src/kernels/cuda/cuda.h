@@ -73,6 +73,8 @@ int keel_cuda_stream_splits(int n, int k, int n_items);
 
 /* `keel bench stream`: the stream tiles against the chip's read bandwidth and cuBLAS (src/kernels/cuda). */
 int keel_cuda_bench_stream(int argc, char **argv);
+/* The chip's read bandwidth (GB/s) measured now by a plain 16-byte streaming read of 1 GiB (benchmarks' yardstick). */
+double keel_cuda_read_gbs(void);
 
 /* The device function of a __global__ kernel by its audit symbol ("stream_tile<4,false>", "stream_finish",
  * "relu2_kernel", the benchmark's "fill_kernel" and "read_kernel"), for cudaFuncGetAttributes; NULL if unknown. */
