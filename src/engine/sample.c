@@ -1,34 +1,25 @@
-/* engine: sampling. A draw depends only on (configuration, seed, absolute position, logits): the uniform is a
- * counter-based hash of (seed, position), mapped through the inverse CDF of the filtered distribution sorted by
- * logit (ties to the lower id). No hidden generator state, so a replay or another backend draws the same token. */
+/* engine: sampling. A draw depends only on (configuration, seed, absolute position, logits) and is exactly
+ * reproducible: weights are integers of the exact definition in sample_fixed.h (which the GPU sampler,
+ * cuda/sample.cu, shares), every cut and the inverse-CDF draw are located by exact integer sums over the order
+ * (logit descending, id ascending), so no summation order or libm enters the result. Built with
+ * -ffp-contract=off (CMakeLists.txt) so no compiler fuses the float steps of the weight. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "engine.h"
+#include "sample_fixed.h"
 
 typedef struct cand {
-    float l;
-    int id;
+    uint64_t key; /* order key (sample_fixed.h) << 32 | id: ascending key = the sampler's order */
+    uint64_t w;   /* integer weight, > 0 */
 } cand;
 
 static int cand_cmp(const void *a, const void *b) {
     const cand *x = a, *y = b;
-    if (x->l > y->l) return -1;
-    if (x->l < y->l) return 1;
-    return (x->id > y->id) - (x->id < y->id);
+    return (x->key > y->key) - (x->key < y->key);
 }
 
-static uint64_t splitmix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-double keel_sampler_uniform(uint64_t seed, int64_t pos) {
-    uint64_t h = splitmix64(splitmix64(seed) ^ (uint64_t)pos);
-    return (double)(h >> 11) * 0x1.0p-53;
-}
+double keel_sampler_uniform(uint64_t seed, int64_t pos) { return (double)keel_samp_r53(seed, pos) * 0x1.0p-53; }
 
 int keel_argmax(const float *v, int n) {
     int best = 0;
@@ -39,6 +30,7 @@ int keel_argmax(const float *v, int n) {
 
 void keel_sampler_init(keel_sampler *s, const keel_sampler_cfg *c, int vocab) {
     KEEL_ASSERT(s && c && vocab >= 1);
+    KEEL_ASSERTF(vocab <= KEEL_SAMP_VMAX, "vocabulary %d above the sampler's %d", vocab, KEEL_SAMP_VMAX);
     memset(s, 0, sizeof *s);
     s->c = *c;
     s->vocab = vocab;
@@ -55,65 +47,72 @@ void keel_sampler_free(keel_sampler *s) {
     memset(s, 0, sizeof *s);
 }
 
-int keel_sampler_filter(keel_sampler *s, const float *logits) {
+/* The survivors as a prefix of s->tmp (sorted, weights > 0); returns their count n >= 1 and their total. A
+ * greedy configuration or one without candidates leaves one survivor of weight 1 in tmp. */
+static int survivors(keel_sampler *s, const float *logits, uint64_t *total) {
     const int V = s->vocab;
-    if (!(s->c.temp > 0.0f)) {
-        s->idx[0] = keel_argmax(logits, V);
-        s->prob[0] = 1.0f;
-        return 1;
-    }
     cand *cs = s->tmp;
-    int n = 0;
-    for (int i = 0; i < V; i++)
-        if (logits[i] == logits[i]) cs[n++] = (cand){logits[i], i}; /* NaN logits are never candidates */
-    if (n == 0) { /* all NaN: fall back to id 0 rather than fail */
-        s->idx[0] = 0;
-        s->prob[0] = 1.0f;
+    if (!(s->c.temp > 0.0f)) {
+        cs[0] = (cand){(uint64_t)keel_argmax(logits, V), 1};
+        *total = 1;
         return 1;
     }
-    qsort(cs, (size_t)n, sizeof *cs, cand_cmp);
-    if (s->c.top_k > 0 && s->c.top_k < n) n = s->c.top_k;
-    /* softmax at temperature over the survivors, the mass summed in double */
-    double sum = 0.0;
-    const double inv_t = 1.0 / (double)s->c.temp, top = (double)cs[0].l;
-    for (int i = 0; i < n; i++) {
-        s->idx[i] = cs[i].id;
-        s->prob[i] = (float)exp(((double)cs[i].l - top) * inv_t);
-        sum += s->prob[i];
+    int n_valid = 0;
+    float lmax = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (logits[i] == logits[i]) n_valid++, lmax = logits[i] > lmax ? logits[i] : lmax; /* NaN: no candidate */
+    if (n_valid == 0) { /* all NaN: id 0 rather than fail */
+        cs[0] = (cand){0, 1};
+        *total = 1;
+        return 1;
     }
+    const float scale = keel_samp_scale(s->c.temp);
+    int npos = 0; /* weight 0 comes after every positive weight in the order and never stays */
+    for (int i = 0; i < V; i++) {
+        if (logits[i] != logits[i]) continue;
+        const uint64_t w = keel_samp_w(keel_samp_y(logits[i], lmax, scale), keel_samp_t1, keel_samp_t2);
+        if (w) cs[npos++] = (cand){(uint64_t)keel_samp_okey(logits[i]) << 32 | (uint64_t)i, w};
+    }
+    qsort(cs, (size_t)npos, sizeof *cs, cand_cmp);
+    const int nk = s->c.top_k > 0 && s->c.top_k < n_valid ? s->c.top_k : n_valid;
+    int n = KEEL_MIN(nk, npos);
+    const uint64_t thr = keel_samp_thr(s->c.min_p);
+    int nm = 0;
+    while (nm < n && cs[nm].w >= thr) nm++;
     if (s->c.top_p < 1.0f) {
-        const double need = (double)s->c.top_p * sum;
-        double cum = 0.0;
-        int keep = n;
-        for (int i = 0; i < n; i++) {
-            cum += s->prob[i];
-            if (cum >= need) {
-                keep = i + 1;
-                break;
-            }
-        }
-        n = keep;
+        uint64_t t1 = 0;
+        for (int i = 0; i < n; i++) t1 += cs[i].w; /* the top-k mass (min-p does not change it) */
+        const uint64_t need = keel_samp_need(s->c.top_p, t1);
+        int np = 1;
+        uint64_t cum = cs[0].w;
+        while (cum < need) cum += cs[np++].w; /* keep i while the mass before it is below need */
+        n = KEEL_MIN(n, np);
     }
-    if (s->c.min_p > 0.0f) {
-        const float floor_p = s->c.min_p * s->prob[0]; /* prob[0] is the largest */
-        int keep = 1;
-        while (keep < n && s->prob[keep] >= floor_p) keep++;
-        n = keep;
+    n = KEEL_MAX(1, KEEL_MIN(n, nm));
+    uint64_t tot = 0;
+    for (int i = 0; i < n; i++) tot += cs[i].w;
+    *total = tot;
+    return n;
+}
+
+int keel_sampler_filter(keel_sampler *s, const float *logits) {
+    uint64_t tot;
+    const int n = survivors(s, logits, &tot);
+    const cand *cs = s->tmp;
+    for (int i = 0; i < n; i++) {
+        s->idx[i] = (int)(cs[i].key & 0xffffffffu);
+        s->prob[i] = (float)((double)cs[i].w / (double)tot);
     }
-    double tot = 0.0;
-    for (int i = 0; i < n; i++) tot += s->prob[i];
-    for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / tot);
     return n;
 }
 
 int keel_sampler_sample(keel_sampler *s, const float *logits, int64_t pos) {
-    const int n = keel_sampler_filter(s, logits);
-    if (n == 1) return s->idx[0];
-    const double u = keel_sampler_uniform(s->c.seed, pos);
-    double cum = 0.0;
-    for (int i = 0; i < n; i++) {
-        cum += s->prob[i];
-        if (u < cum) return s->idx[i];
-    }
-    return s->idx[n - 1];
+    uint64_t tot;
+    const int n = survivors(s, logits, &tot);
+    const cand *cs = s->tmp;
+    const uint64_t t = keel_samp_target(keel_samp_r53(s->c.seed, pos), tot);
+    uint64_t cum = 0;
+    int i = 0;
+    while (i < n - 1 && (cum += cs[i].w) <= t) i++;
+    return (int)(cs[i].key & 0xffffffffu);
 }
