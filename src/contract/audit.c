@@ -208,6 +208,7 @@ static const keel_audit_kernel kernels[] = {
     KA_ECU("add_bias_kernel", 256),  KA_ECU("matvec_kernel", 256),    KA_ECU("combine_kernel", 256),
     KA_ECU("conv_kernel", 128),      KA_ECU("ssm_kernel", 128),       KA_ECU("gate_norm_kernel", 256),
     KA_ECU("attention_kernel", 128), KA_ECU("route_kernel", 32),      KA_ECU("argmax_kernel", 1024),
+    KA_ECU("union_kernel", 32),
 #undef KA_ECU
     /* planted twin: a run-time-indexed local array (stack frame) under a 32-register cap (spills) */
     {"gate5_local_array", "src/contract/gate5_twin.cu", 128, 0, 16, 0, true},

@@ -20,7 +20,7 @@
 const char *const keel_contract_cuda_engine_entries[] = {
     "keel_ecu_embed", "keel_ecu_rmsnorm", "keel_ecu_add_rmsnorm", "keel_ecu_add_bias", "keel_ecu_matvec",
     "keel_ecu_conv",  "keel_ecu_ssm",     "keel_ecu_gate_norm",   "keel_ecu_attention", "keel_ecu_route",
-    "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", NULL};
+    "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", "keel_ecu_route_union", NULL};
 
 #if !defined(KEEL_HAVE_CUDA)
 int keel_contract_register_cuda_engine(keel_contract_table *t) {
@@ -36,7 +36,7 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
 #define BF16_UNIT 0x1p-8 /* bf16 keeps 8 significant bits: rounding to nearest errs by at most 2^-8 |v| */
 
 enum { K_EMBED, K_RMSNORM, K_ADDNORM, K_ADDBIAS, K_MATVEC_F, K_MATVEC_Q, K_CONV, K_SSM, K_GATENORM, K_ATTN, K_ROUTE,
-       K_ARGMAX, K_ROUTED_UP, K_ROUTED_DOWN, K_COMBINE, K_N };
+       K_ARGMAX, K_ROUTED_UP, K_ROUTED_DOWN, K_COMBINE, K_UNION, K_N };
 enum { R_IN, R_OUT, R_STATE, R_SCRATCH };
 
 typedef struct buf {
@@ -158,6 +158,12 @@ static void layout(ecase *c) {
         break;
     }
     case K_ARGMAX: add(c, KEEL_DT_F32, n, 0, R_IN), add(c, KEEL_DT_I32, 1, 0, R_OUT); break;
+    case K_UNION: { /* n experts, k = top_k; per group of 8 rows cap = min(n, 8k) items */
+        const size_t cap = (size_t)KEEL_MIN(n, 8 * k), groups = (m + 7) / 8;
+        add(c, KEEL_DT_I32, m * k, k, R_IN), add(c, KEEL_DT_F32, m * k * 8, k * 8, R_IN);
+        add(c, KEEL_DT_U32, groups * cap * 2, 0, R_OUT), add(c, KEEL_DT_F32, groups * cap * 8, 0, R_OUT);
+        break;
+    }
     }
 }
 
@@ -201,6 +207,17 @@ static void generate(ecase *c, uint64_t seed, int dist) {
     case K_ROUTE: /* logits on a grid of 1/16 in [-2, 2] and correction bias on 1/8: exact ties occur */
         for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, floor(runif(&r) * 65.0) / 16.0 - 2.0);
         for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, floor(runif(&r) * 3.0) / 8.0 - 0.125);
+        break;
+    case K_UNION: /* each row's k experts distinct, as the router picks them */
+        for (int row = 0; row < c->m; row++) {
+            int perm[1024];
+            for (int i = 0; i < c->n; i++) perm[i] = i;
+            for (int j = 0; j < c->k; j++) {
+                const int pick = j + (int)(runif(&r) * (c->n - j)), t = perm[j];
+                perm[j] = perm[pick], perm[pick] = t;
+                hset(&c->b[0], (size_t)row * c->k + j, perm[j]);
+            }
+        }
         break;
     case K_ARGMAX: { /* the maximum twice, a NaN first */
         const size_t n = (size_t)c->n, a = n / 3, b = 2 * n / 3;
@@ -531,6 +548,31 @@ static void reference(const ecase *c, double *ref, double *bnd) {
                 ref[(size_t)r * n + i] = acc, bnd[(size_t)r * n + i] = 2 * R_K1 * U * mag;
             }
         break;
+    case K_UNION: { /* exact: items (expert, mask) in ascending expert order, then (0, 0); weights [item][row] */
+        const int K = k, cap = KEEL_MIN(n, 8 * K), groups = (m + 7) / 8;
+        const int *sel = c->b[0].h;
+        const size_t o_w = (size_t)groups * cap * 2;
+        for (int g = 0; g < groups; g++) {
+            int at = 0;
+            for (int ex = 0; ex < n; ex++) {
+                uint32_t mask = 0;
+                double w[8] = {0};
+                for (int r = 0; r < 8 && 8 * g + r < m; r++)
+                    for (int j = 0; j < K; j++)
+                        if (sel[(8 * g + r) * K + j] == ex) mask |= 1u << r, w[r] = vget(&c->b[1], ((size_t)(8 * g + r) * K + j) * 8);
+                if (!mask) continue;
+                const size_t it = (size_t)g * cap + at++;
+                ref[it * 2] = ex, ref[it * 2 + 1] = mask;
+                for (int r = 0; r < 8; r++) ref[o_w + it * 8 + r] = w[r];
+            }
+            for (; at < cap; at++) {
+                const size_t it = (size_t)g * cap + at;
+                ref[it * 2] = ref[it * 2 + 1] = 0;
+                for (int r = 0; r < 8; r++) ref[o_w + it * 8 + r] = 0;
+            }
+        }
+        break;
+    }
     case K_ARGMAX: {
         int best = -1;
         for (int i = 0; i < n; i++) {
@@ -613,17 +655,20 @@ typedef struct ekernel {
     void (*matvec_routed)(const keel_cuda_qw *, const float *, bool, int, const int *, int, float *, keel_epilogue,
                           void *);
     void (*combine)(const float *, const float *, int, int, int, float *, void *);
+    void (*route_union)(const int *, const float *, int, int, int, int, keel_cuda_route *, float *, void *);
 } ekernel;
 
 static const ekernel REAL = {keel_ecu_embed, keel_ecu_rmsnorm, keel_ecu_add_rmsnorm, keel_ecu_add_bias,
                              keel_ecu_matvec, keel_ecu_conv, keel_ecu_ssm, keel_ecu_gate_norm, keel_ecu_attention,
-                             keel_ecu_route, keel_ecu_argmax, keel_ecu_matvec_routed, keel_ecu_combine};
+                             keel_ecu_route, keel_ecu_argmax, keel_ecu_matvec_routed, keel_ecu_combine,
+                             keel_ecu_route_union};
 static const ekernel TWIN = {keel_contract_twin_ecu_embed, keel_contract_twin_ecu_rmsnorm,
                              keel_contract_twin_ecu_add_rmsnorm, keel_contract_twin_ecu_add_bias,
                              keel_contract_twin_ecu_matvec, keel_contract_twin_ecu_conv, keel_contract_twin_ecu_ssm,
                              keel_contract_twin_ecu_gate_norm, keel_contract_twin_ecu_attention,
                              keel_contract_twin_ecu_route, keel_contract_twin_ecu_argmax,
-                             keel_contract_twin_ecu_matvec_routed, keel_contract_twin_ecu_combine};
+                             keel_contract_twin_ecu_matvec_routed, keel_contract_twin_ecu_combine,
+                             keel_contract_twin_ecu_route_union};
 
 static keel_ecu_vec vec(const ecase *c, int i) {
     return (keel_ecu_vec){dptr(&c->b[i]), c->b[i].dt, (int)c->b[i].n};
@@ -699,6 +744,7 @@ static void launch_with(const ekernel *K, const ecase *c) {
         break;
     }
     case K_COMBINE: K->combine(p[0], p[1], m, R_K1, n, p[2], NULL); break;
+    case K_UNION: K->route_union(p[0], p[1], m, k, n, KEEL_MIN(n, 8 * k), p[2], p[3], NULL); break;
     }
 }
 
@@ -718,6 +764,7 @@ TWIN_FN(PASTEND)
 TWIN_FN(NOBIAS)
 TWIN_FN(ROWLEAK)
 TWIN_FN(NOSHIFT)
+TWIN_FN(ORDER)
 TWIN_FN(GROUPS)
 TWIN_FN(TIES)
 
@@ -824,6 +871,8 @@ static ecase row_case(const ecase *c, int r) {
 }
 
 static bool sequential(int kind) { return kind == K_CONV || kind == K_SSM; }
+/* The union of a group's experts depends on every row of the group by definition: no per-row check. */
+static bool rowwise(int kind) { return !sequential(kind) && kind != K_UNION; }
 
 static void engine_run(const keel_contract_table *t, const keel_contract_reg *reg, keel_contract_launch_fn launch,
                        int max_gate, keel_contract_result *res) {
@@ -860,7 +909,7 @@ static void engine_run(const keel_contract_table *t, const keel_contract_reg *re
                             gr->pass = run_case(reg, launch, &c, o2, true, gr->detail, sizeof gr->detail) &&
                                        same_bits(&c, o1, o2, -1, gr->detail, sizeof gr->detail);
                             free_outs(&c, o2);
-                            if (gr->pass && m > 1 && !sequential(c.kind))
+                            if (gr->pass && m > 1 && rowwise(c.kind))
                                 for (int r = 0; r < m && gr->pass; r++) {
                                     ecase rc = row_case(&c, r);
                                     gr->pass = run_case(reg, launch, &rc, o2, true, gr->detail, sizeof gr->detail) &&
@@ -950,6 +999,7 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
         {K_ROUTED_DOWN, "matvec-routed/q4g64/bf16/per-item", "keel_ecu_matvec_routed", 2, {{24, 64, 1, 3}, {130, 256, 8, 8}}, twin_NOBIAS, "bias-dropped", 3},
         {K_COMBINE, "combine/k6", "keel_ecu_combine", 2, {{40, 0, 1, 3}, {300, 0, 8, 8}}, twin_NOBIAS, "slot-dropped", 3},
         {K_ARGMAX, "argmax", "keel_ecu_argmax", 2, {{7, 0, 1, 1}, {5000, 0, 1, 1}}, twin_TIES, "ties-to-higher-id", 3},
+        {K_UNION, "route-union/k6", "keel_ecu_route_union", 2, {{16, R_K1, 1, 8}, {128, R_K1, 9, 20}}, twin_ORDER, "descending-order", 3},
     };
     int added = 0;
     for (size_t i = 0; i < sizeof S / sizeof S[0]; i++) {

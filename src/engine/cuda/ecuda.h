@@ -29,6 +29,17 @@ void *keel_ecu_event_new(void);
 void keel_ecu_event_free(void *ev);
 void keel_ecu_event_record(void *ev, void *st);
 float keel_ecu_event_ms(void *a, void *b); /* elapsed between two recorded events (synchronizes on b) */
+void *keel_ecu_stream_new(void);  /* a non-blocking stream: the engine's launches and graph captures */
+void keel_ecu_stream_free(void *st); /* accepts NULL */
+void *keel_ecu_host_alloc(size_t bytes); /* page-locked host memory (copies a graph can capture) */
+void keel_ecu_host_free(void *p);    /* accepts NULL */
+void keel_ecu_memset(void *dst, int byte, size_t bytes, void *st);
+void keel_ecu_download_async(void *dst, const void *src, size_t bytes, void *st); /* no sync */
+/* CUDA graphs: capture the launches queued on st between begin and end into an instantiated graph (*exec). */
+bool keel_ecu_capture_begin(void *st, char *why, size_t cap);
+bool keel_ecu_capture_end(void *st, void **exec, char *why, size_t cap);
+void keel_ecu_graph_launch(void *exec, void *st);
+void keel_ecu_graph_free(void *exec); /* accepts NULL */
 
 /* The host function pointer of an engine kernel by its gate-5 audit symbol ("matvec_kernel"); NULL if unknown. */
 const void *keel_ecu_kernel_fn(const char *symbol);
@@ -75,6 +86,11 @@ void keel_ecu_attention(const float *q, const float *kc, const float *vc, int kv
  * (m*K*8) [item][row 0] for one-row routed launches; sel (m*K) the experts. */
 void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group, int topk_group,
                     bool norm_topk, float scaling, int m, keel_cuda_route *items, float *weights, int *sel, void *st);
+/* Per group of up to 8 consecutive rows g (rows 8g..): the union of the experts in sel (m*K) in ascending order as
+ * items[g*cap ..] (expert, mask of the group's rows choosing it) and weights[(g*cap + item)*8 + row] from the one-row
+ * weights w (m*K*8, as keel_ecu_route writes them); padded to cap (>= the union's size) with (0, 0) items. */
+void keel_ecu_route_union(const int *sel, const float *w, int m, int K, int E, int cap, keel_cuda_route *items,
+                          float *weights, void *st);
 /* out = index of the largest of v (n), ties to the lower index, NaN never wins. */
 void keel_ecu_argmax(const float *v, int n, int *out, void *st);
 
@@ -89,6 +105,7 @@ void keel_ecu_argmax(const float *v, int n, int *out, void *st);
 #define KEEL_ECU_PLANT_NOSHIFT 5 /* conv: the window never takes the new input (gate 3) */
 #define KEEL_ECU_PLANT_GROUPS 6  /* gate_norm: the first group one channel too wide (gate 3) */
 #define KEEL_ECU_PLANT_TIES 7    /* route, argmax: ties to the higher id (gate 3) */
+#define KEEL_ECU_PLANT_ORDER 8   /* route_union: the union in descending expert order (gate 3) */
 void keel_contract_twin_ecu_arm(int fault);
 void keel_contract_twin_ecu_embed(const keel_cuda_qw *t, const int *tok, int m, float *x, void *st);
 void keel_contract_twin_ecu_rmsnorm(const float *x, int ldx, const keel_ecu_vec *w, int m, int n, float eps, float *yf,
@@ -115,6 +132,8 @@ void keel_contract_twin_ecu_route(const float *logits, const keel_ecu_vec *corr,
                                   int topk_group, bool norm_topk, float scaling, int m, keel_cuda_route *items,
                                   float *weights, int *sel, void *st);
 void keel_contract_twin_ecu_argmax(const float *v, int n, int *out, void *st);
+void keel_contract_twin_ecu_route_union(const int *sel, const float *w, int m, int K, int E, int cap,
+                                        keel_cuda_route *items, float *weights, void *st);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,22 @@
 #include "../../kernels/cuda/port.h"
 #include "ecuda.h"
 
+#if defined(__HIPCC__) /* the runtime calls below that port.h does not map */
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaMallocHost(p, n) hipHostMalloc(p, n, 0)
+#define cudaFreeHost hipHostFree
+#define cudaGraph_t hipGraph_t
+#define cudaGraphExec_t hipGraphExec_t
+#define cudaStreamBeginCapture hipStreamBeginCapture
+#define cudaStreamCaptureModeThreadLocal hipStreamCaptureModeThreadLocal
+#define cudaStreamEndCapture hipStreamEndCapture
+#define cudaGraphInstantiate(x, g, f) hipGraphInstantiate(x, g, nullptr, nullptr, 0)
+#define cudaGraphDestroy hipGraphDestroy
+#define cudaGraphLaunch hipGraphLaunch
+#define cudaGraphExecDestroy hipGraphExecDestroy
+#endif
+
 /* Built a second time as the contract's twin (src/contract/twin_engine_cuda.cu) with KEEL_ECU_TWIN 1: the launchers
  * are renamed and one planted fault (KEEL_ECU_PLANT_*) can be armed at a time. */
 #ifndef KEEL_ECU_TWIN
@@ -419,6 +435,48 @@ __global__ void route_kernel(const float *logits, DVec corr, int E, int K, int n
     }
 }
 
+/* Per group of up to 8 consecutive rows (one warp a group): the union of the experts its rows selected, in ascending
+ * expert order, as routed items (expert, mask of the group's rows that chose it) with weights [item][row] taken from
+ * the one-row weights (m*K*8, [row*K+slot][0]); padded to cap items with (0, 0) items no row reads. Ascending order
+ * makes a row's experts meet it in the same order whichever rows share its window. */
+__global__ void union_kernel(const int *sel, const float *w, int m, int K, int E, int cap, keel_cuda_route *items,
+                             float *weights) {
+    const int g = blockIdx.x, r0 = 8 * g, rows = min(8, m - r0), lane = threadIdx.x;
+    keel_cuda_route *it = items + (size_t)g * cap;
+    float *wt = weights + (size_t)g * cap * 8;
+    int count = 0;
+    for (int base = 0; base < E; base += 32) {
+        const int ex = PLANTED(KEEL_ECU_PLANT_ORDER) ? E - 1 - (base + lane) : base + lane;
+        uint32_t mask = 0;
+        float wr[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) wr[r] = 0.0f;
+        if (base + lane < E)
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < K; j++)
+                    if (sel[(r0 + r) * K + j] == ex) mask |= 1u << r, wr[r] = w[((size_t)(r0 + r) * K + j) * 8];
+        __shared__ int live[32];
+        live[lane] = mask != 0u;
+        kp_syncwarp();
+        int idx = count, n_live = 0;
+        for (int l = 0; l < 32; l++) idx += l < lane ? live[l] : 0, n_live += live[l];
+        kp_syncwarp();
+        if (mask && idx < cap) {
+            it[idx].expert = ex;
+            it[idx].mask = mask;
+#pragma unroll
+            for (int r = 0; r < 8; r++) wt[(size_t)idx * 8 + r] = wr[r];
+        }
+        count += n_live;
+    }
+    for (int i = count + lane; i < cap; i += 32) {
+        it[i].expert = 0;
+        it[i].mask = 0u;
+#pragma unroll
+        for (int r = 0; r < 8; r++) wt[(size_t)i * 8 + r] = 0.0f;
+    }
+}
+
 constexpr int kArgThreads = 1024;
 
 __global__ void argmax_kernel(const float *v, int n, int *out) {
@@ -544,6 +602,13 @@ extern "C" void KEEL_ECU_FN(route)(const float *logits, const keel_ecu_vec *corr
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
+extern "C" void KEEL_ECU_FN(route_union)(const int *sel, const float *w, int m, int K, int E, int cap,
+                                         keel_cuda_route *items, float *weights, void *st) {
+    KEEL_ASSERTF(m >= 1 && K >= 1 && K <= 64 && E >= K && cap >= 1, "route union m %d K %d E %d cap %d", m, K, E, cap);
+    union_kernel<<<(unsigned)((m + 7) / 8), 32, 0, (cudaStream_t)st>>>(sel, w, m, K, E, cap, items, weights);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
 extern "C" void KEEL_ECU_FN(argmax)(const float *v, int n, int *out, void *st) {
     argmax_kernel<<<1, kArgThreads, 0, (cudaStream_t)st>>>(v, n, out);
     KEEL_CUDA_CHECK_LAUNCH();
@@ -564,6 +629,7 @@ extern "C" const void *keel_ecu_kernel_fn(const char *symbol) {
         {"conv_kernel", (const void *)conv_kernel},           {"ssm_kernel", (const void *)ssm_kernel},
         {"gate_norm_kernel", (const void *)gate_norm_kernel}, {"attention_kernel", (const void *)attention_kernel},
         {"route_kernel", (const void *)route_kernel},         {"argmax_kernel", (const void *)argmax_kernel},
+        {"union_kernel", (const void *)union_kernel},
     };
     if (!symbol) return NULL;
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
@@ -620,5 +686,55 @@ extern "C" float KEEL_ECU_FN(event_ms)(void *a, void *b) {
     KEEL_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)b));
     KEEL_CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b));
     return ms;
+}
+extern "C" void *keel_ecu_stream_new(void) {
+    cudaStream_t st;
+    KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    return (void *)st;
+}
+extern "C" void keel_ecu_stream_free(void *st) {
+    if (st) KEEL_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)st));
+}
+extern "C" void *keel_ecu_host_alloc(size_t bytes) {
+    void *p = nullptr;
+    KEEL_CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
+    return p;
+}
+extern "C" void keel_ecu_host_free(void *p) {
+    if (p) KEEL_CUDA_CHECK(cudaFreeHost(p));
+}
+extern "C" void keel_ecu_memset(void *dst, int byte, size_t bytes, void *st) {
+    KEEL_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, (cudaStream_t)st));
+}
+extern "C" void keel_ecu_download_async(void *dst, const void *src, size_t bytes, void *st) {
+    KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)st));
+}
+extern "C" bool keel_ecu_capture_begin(void *st, char *why, size_t cap) {
+    const cudaError_t e = cudaStreamBeginCapture((cudaStream_t)st, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    snprintf(why, cap, "cudaStreamBeginCapture: %s", cudaGetErrorString(e));
+    return false;
+}
+extern "C" bool keel_ecu_capture_end(void *st, void **exec, char *why, size_t cap) {
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t x = nullptr;
+    *exec = nullptr;
+    cudaError_t e = cudaStreamEndCapture((cudaStream_t)st, &g);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&x, g, 0);
+    if (g) (void)cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, cap, "capturing the decode step as a CUDA graph: %s", cudaGetErrorString(e));
+        return false;
+    }
+    *exec = (void *)x;
+    return true;
+}
+extern "C" void keel_ecu_graph_launch(void *exec, void *st) {
+    KEEL_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)st));
+}
+extern "C" void keel_ecu_graph_free(void *exec) {
+    if (exec) KEEL_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)exec));
 }
 #endif
