@@ -210,6 +210,13 @@ static const keel_audit_kernel kernels[] = {
     KA_ECU("attention_kernel", 128), KA_ECU("route_kernel", 32),      KA_ECU("argmax_kernel", 1024),
     KA_ECU("union_kernel", 32),
 #undef KA_ECU
+    /* the graph-ready attention (src/engine/cuda/attn.cu): the tile kernels may use the 64 KiB of dynamic shared
+     * memory their launch allows (cudaFuncSetAttribute), two blocks per SM (one on 100 KB chips) */
+    {"attn_tile_kernel<1>", "src/engine/cuda/attn.cu", 128, 65536, 2, 1, false},
+    {"attn_tile_kernel<2>", "src/engine/cuda/attn.cu", 128, 65536, 2, 1, false},
+    {"attn_tile_kernel<4>", "src/engine/cuda/attn.cu", 128, 65536, 2, 1, false},
+    {"attn_combine_kernel", "src/engine/cuda/attn.cu", 128, 0, 1, 0, false},
+    {"kv_append_kernel", "src/engine/cuda/attn.cu", 256, 0, 1, 0, false},
     /* planted twin: a run-time-indexed local array (stack frame) under a 32-register cap (spills) */
     {"gate5_local_array", "src/contract/gate5_twin.cu", 128, 0, 16, 0, true},
 };

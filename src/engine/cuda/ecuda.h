@@ -82,6 +82,38 @@ void keel_ecu_gate_norm(const float *y, const float *proj, int ld, const keel_ec
  * q (m, nh*hd) fp32; scores scratch (m, nh, ctx); o (m, nh*hd) into o (bf16) and/or of (fp32), either may be NULL. */
 void keel_ecu_attention(const float *q, const float *kc, const float *vc, int kvd, int pos, int m, int nh, int nkv,
                         int hd, float *scores, int ctx, uint16_t *o, float *of, void *st);
+/* ---- attention for CUDA graphs (src/engine/cuda/attn.cu): the position is read from device memory at d_pos and
+ * no launch configuration depends on it. A row's result depends only on its position and inputs: the same bits
+ * alone or in any window of any size, in any grid. ---- */
+#define KEEL_ECU_ATTN_CHUNK 128      /* keys per split-K chunk (a fixed part of every row's arithmetic) */
+#define KEEL_ECU_ATTN_SPLIT_MAX_M 32 /* up to this many rows a launch splits keys over blocks (needs scratch) */
+/* Cache rows *d_pos .. *d_pos+m-1 of kc, vc (ctx, kvd) = rows of k, v (m, kvd) [+ kb, vb; n == 0: absent]. */
+void keel_ecu_kv_append(const float *k, const float *v, const keel_ecu_vec *kb, const keel_ecu_vec *vb, float *kc,
+                        float *vc, int kvd, const int *d_pos, int m, void *st);
+/* Causal GQA without RoPE, flash-style split-K: rows r < m of q (m, nh*hd) fp32 [+ qb] at positions *d_pos + r over
+ * caches kc, vc (ctx, kvd) already holding rows up to *d_pos+m-1; o (m, nh*hd) into o (bf16) and/or of (fp32),
+ * either may be NULL. scratch: keel_ecu_attn_scratch_bytes(m, ...) bytes (may be NULL where that is 0). */
+void keel_ecu_attn(const float *q, const keel_ecu_vec *qb, const float *kc, const float *vc, int kvd,
+                   const int *d_pos, int m, int nh, int nkv, int hd, int ctx, float *scratch, uint16_t *o, float *of,
+                   void *st);
+/* Scratch of an m-row launch: the split-K partials for m <= KEEL_ECU_ATTN_SPLIT_MAX_M, else 0 (not monotone in m:
+ * windows of several sizes need the largest over them). */
+size_t keel_ecu_attn_scratch_bytes(int m, int nh, int hd, int ctx);
+/* The host function pointer of an attn.cu kernel by its gate-5 audit symbol ("attn_tile_kernel<2>"); NULL if unknown. */
+const void *keel_ecu_attn_kernel_fn(const char *symbol);
+/* The contract's twin of attn.cu (src/contract/twin_attn.cu): launchers keel_contract_twin_ecu_*, one fault armed. */
+#define KEEL_ECU_ATTN_PLANT_NONE 0
+#define KEEL_ECU_ATTN_PLANT_NORESCALE 1 /* attn: a tile does not rescale the running o by alpha (gate 3) */
+#define KEEL_ECU_ATTN_PLANT_ROWLEAK 2   /* attn: outputs scaled by 1 + 2^-20 when the launch has several rows (4) */
+#define KEEL_ECU_ATTN_PLANT_PASTEND 3   /* attn: fp32 output, kv_append: cache, one element past the last (2) */
+#define KEEL_ECU_ATTN_PLANT_NOBIAS 4    /* kv_append: biases dropped (3) */
+void keel_contract_twin_ecu_attn_arm(int fault);
+void keel_contract_twin_ecu_kv_append(const float *k, const float *v, const keel_ecu_vec *kb, const keel_ecu_vec *vb,
+                                      float *kc, float *vc, int kvd, const int *d_pos, int m, void *st);
+void keel_contract_twin_ecu_attn(const float *q, const keel_ecu_vec *qb, const float *kc, const float *vc, int kvd,
+                                 const int *d_pos, int m, int nh, int nkv, int hd, int ctx, float *scratch,
+                                 uint16_t *o, float *of, void *st);
+size_t keel_contract_twin_ecu_attn_scratch_bytes(int m, int nh, int hd, int ctx);
 /* The router of each of m rows from its logits (m, E): items (m*K) {expert, mask 1} in slot order and weights
  * (m*K*8) [item][row 0] for one-row routed launches; sel (m*K) the experts. */
 void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group, int topk_group,

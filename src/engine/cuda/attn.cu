@@ -1,0 +1,597 @@
+/* engine/cuda: attention over the fp32 KV cache, flash-style with split-K, and the cache append. Causal GQA
+ * without RoPE (scale 1/sqrt(head_dim)), the CPU engine's semantics (src/engine/attention.c). The position comes
+ * from device memory and no launch configuration depends on it, so both launches can be captured once in a CUDA
+ * graph and replayed at every position.
+ *
+ * Arithmetic of one (row, head) at position p, fixed by p and the inputs alone (docs/cuda-engine.md):
+ *   keys 0..p in chunks of kChunk, each chunk in tiles of kTile keys;
+ *   score = ((c0 + c1) + (c2 + c3)) * scale, c_w an fma chain over the w-th quarter of the head's float4 slices;
+ *   per tile (online softmax): m' = max(m, tile max), alpha = exp(m - m'), p_j = exp(s_j - m'),
+ *     l = fma(l, alpha, butterfly sum of p_j), o = o*alpha then an fma chain over the tile's keys in order;
+ *   chunks merged in chunk order from an empty state: M' = max(M, m_c), a = exp(M - M'), b = exp(m_c - M'),
+ *     L = fma(L, a, l_c*b), O = fma(O, a, o_c*b); out = O / L.
+ * A block computes the pairs (row, query head) of one KV head that it holds (the K/V tile in shared memory serves
+ * every query head of the group and every row of the block). Up to kSplitMaxM rows, blocks take chunks (split-K)
+ * and write each chunk's (m, l, o) to scratch, and a combine kernel merges them; above it, each block walks all
+ * chunks and merges in place. Both evaluate the expressions above, so a row gets the same bits alone (m = 1) or in
+ * any window, in either mode. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../../kernels/cuda/port.h"
+#include "ecuda.h"
+
+/* Built a second time as the contract's twin (src/contract/twin_attn.cu) with KEEL_ATTN_TWIN 1: the launchers are
+ * renamed keel_contract_twin_ecu_* and the KEEL_PLANT_ATTN_* / KEEL_PLANT_KV_* hooks carry planted faults. */
+#ifndef KEEL_ATTN_TWIN
+#define KEEL_ATTN_TWIN 0
+#define KEEL_ATTN_FN(name) keel_ecu_##name
+#else
+#define KEEL_ATTN_FN(name) keel_contract_twin_ecu_##name
+#endif
+
+/* Hooks: each is exactly the code it stands for (the production kernels are unchanged). */
+#ifndef KEEL_PLANT_ATTN_RESCALE /* a tile's rescale of the running o by alpha */
+#define KEEL_PLANT_ATTN_RESCALE(o, alpha) __fmul_rn(o, alpha)
+#endif
+#ifndef KEEL_PLANT_ATTN_OUT /* the final value of an output (multi: the launch has more than one row) */
+#define KEEL_PLANT_ATTN_OUT(v, multi) ((void)(multi), (v))
+#endif
+#ifndef KEEL_PLANT_ATTN_STORED /* after the fp32 store of element i (last: the launch's last element) */
+#define KEEL_PLANT_ATTN_STORED(of, i, last, v) ((void)0)
+#endif
+#ifndef KEEL_PLANT_KV_BIAS /* a k/v bias element */
+#define KEEL_PLANT_KV_BIAS(b) (b)
+#endif
+#ifndef KEEL_PLANT_KV_STORED /* after the cache store of element i (last: the launch's last element) */
+#define KEEL_PLANT_KV_STORED(kc, i, last, v) ((void)0)
+#endif
+#define KEEL_ATTN_PLANT_HOOKS 1
+
+namespace {
+
+constexpr int kTile = 32;                  /* keys per tile: one per lane in the softmax step */
+constexpr int kChunk = KEEL_ECU_ATTN_CHUNK; /* keys per split-K chunk */
+constexpr int kTiles = kChunk / kTile;
+constexpr int kPairs = 16;                 /* (row, query head) pairs a block computes */
+constexpr int kThreads = 128;
+constexpr int kSplitMaxM = KEEL_ECU_ATTN_SPLIT_MAX_M;
+constexpr int kSmemMax = 65536;            /* the dynamic shared memory the tile kernel is allowed on every chip */
+constexpr int kGridTarget = 512;           /* split-K blocks a launch aims for; they loop over chunks */
+constexpr int kSeg = 128;                  /* chunks the combine kernel scans at a time (= its block size) */
+constexpr int kMaxHeadDim = 256;
+static_assert(kChunk % kTile == 0, "a chunk is whole tiles");
+static_assert(kPairs == 16, "the score step maps 16 pairs x 32 keys onto a warp");
+
+__device__ __forceinline__ float ld_dt(const void *p, int dt, long long i) {
+    if (dt == KEEL_DT_BF16) return kp_bf16_to_f32(((const uint16_t *)p)[i]);
+    if (dt == KEEL_DT_F16) return kp_f16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+/* Everything a launch passes; the layout fields are fixed by the shape (never by the position). */
+struct AP {
+    const float *q;
+    const void *qb;
+    int qb_dt, qb_n;
+    const float *kc, *vc;
+    int kvd;
+    const int *d_pos;
+    int m, nh, hd, ctx;
+    int G, HB, RB, hgroups; /* query heads per KV head; a block's heads and rows; head groups per KV head */
+    int DG, KS, DX;         /* float4 slices of a head; shared row stride (floats); slice lanes in the PV step */
+    int NC;                 /* chunks the cache holds */
+    int walk, alias, vec4;
+    float scale;
+    float *part_o, *part_ml; /* split-K scratch: (m, nh, NC, hd) and (m, nh, NC, 2) */
+    uint16_t *o;
+    float *of;
+};
+
+#if KEEL_ATTN_TWIN
+__device__ int g_attn_plant;
+#endif
+
+/* The position of pair pi of a block whose rows start at r0, or -1 when the pair is not computed. */
+__device__ __forceinline__ int pair_pos(const AP &a, int r0, int hg, int pi, int pos0, int *row, int *head, int kh) {
+    const int rl = pi / a.HB, hl = pi - rl * a.HB;
+    const int r = r0 + rl, hi = hg * a.HB + hl;
+    if (rl >= a.RB || r >= a.m || hi >= a.G) return -1;
+    *row = r;
+    *head = kh * a.G + hi;
+    return min(max(pos0 + r, 0), a.ctx - 1);
+}
+
+__device__ __forceinline__ void store_out(const AP &a, long long i, float v) {
+    v = KEEL_PLANT_ATTN_OUT(v, a.m > 1);
+    if (a.o) a.o[i] = kp_f32_to_bf16(v);
+    if (a.of) {
+        a.of[i] = v;
+        KEEL_PLANT_ATTN_STORED(a.of, i, (long long)a.m * a.nh * a.hd - 1, v);
+    }
+}
+
+/* Asynchronous copy of rows [ks, ks+kn) of one KV head's slice of a cache into a tile buffer (row stride KS). */
+__device__ __forceinline__ void load_tile(const AP &a, float *dst, const float *cache, int kh, int ks, int kn) {
+    const float *src = cache + (long long)ks * a.kvd + (long long)kh * a.hd;
+    if (a.vec4) {
+        for (int i = threadIdx.x; i < kn * a.DG; i += kThreads) {
+            const int j = i / a.DG, d4 = i - j * a.DG;
+            kp_cp_async16(dst + j * a.KS + 4 * d4, src + (long long)j * a.kvd + 4 * d4);
+        }
+    } else {
+        for (int i = threadIdx.x; i < kn * a.hd; i += kThreads) {
+            const int j = i / a.hd, d = i - j * a.hd;
+            kp_cp_async4(dst + j * a.KS + d, src + (long long)j * a.kvd + d);
+        }
+    }
+}
+
+/* The key offset of the tile after (c, t) in this block's sequence, or -1 when there is none. */
+__device__ __forceinline__ int next_tile(int c, int t, int cstep, int cmax, int p_max, int *nc, int *nt) {
+    if (t + 1 < kTiles && c * kChunk + (t + 1) * kTile <= p_max) {
+        *nc = c, *nt = t + 1;
+    } else {
+        if (c + cstep > cmax) return -1;
+        *nc = c + cstep, *nt = 0;
+    }
+    return *nc * kChunk + *nt * kTile;
+}
+
+/* One block: 16 pairs of one KV head over its chunks. PT: pairs per thread in the PV step (1, 2 or 4). */
+template <int PT>
+__global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
+    extern __shared__ float4 smem4[];
+    float *sm = (float *)smem4;
+    float *Kb = sm;
+    float *Vb = a.alias ? Kb : Kb + kTile * a.KS;
+    float *Q = Vb + kTile * a.KS;
+    float *SQ = Q + kPairs * a.KS;     /* [quarter][pair][key] partial dots */
+    float *PM = SQ + 4 * kPairs * kTile; /* [key][pair] softmax numerators */
+    float *ALPHA = PM + kTile * kPairs, *CA = ALPHA + kPairs, *CB = CA + kPairs, *LL = CB + kPairs;
+    int *NV = (int *)(LL + kPairs);
+
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const int kh = blockIdx.y / a.hgroups, hg = blockIdx.y - kh * a.hgroups, r0 = blockIdx.z * a.RB;
+    const int pos0 = *a.d_pos;
+    const int last_row = min(r0 + a.RB, a.m) - 1;
+    const int p_max = min(max(pos0 + last_row, 0), a.ctx - 1);
+    const int cmax = p_max / kChunk;
+    const int c0 = a.walk ? 0 : (int)blockIdx.x, cstep = a.walk ? 1 : (int)gridDim.x;
+    if (c0 > cmax) return;
+
+    /* zero the tile buffers (their padding columns stay zero) and load this block's queries (+ bias) */
+    for (int i = tid; i < (a.alias ? 1 : 2) * kTile * a.KS; i += kThreads) Kb[i] = 0.0f;
+    for (int i = tid; i < kPairs * a.KS; i += kThreads) {
+        const int pi = i / a.KS, d = i - pi * a.KS;
+        int row = 0, head = 0;
+        float v = 0.0f;
+        if (d < a.hd && pair_pos(a, r0, hg, pi, pos0, &row, &head, kh) >= 0) {
+            const long long qi = ((long long)row * a.nh + head) * a.hd + d;
+            v = a.q[qi];
+            if (a.qb_n) v = __fadd_rn(v, ld_dt(a.qb, a.qb_dt, (long long)head * a.hd + d));
+        }
+        Q[i] = v;
+    }
+    __syncthreads();
+
+    /* per-pair state: the stats warp wid owns pairs wid + 4k (its lanes hold identical copies) */
+    float mrun[kPairs / 4], lrun[kPairs / 4], Mw[kPairs / 4], Lw[kPairs / 4];
+    int ppw[kPairs / 4], row = 0, head = 0;
+#pragma unroll
+    for (int k = 0; k < kPairs / 4; k++) {
+        Mw[k] = -INFINITY, Lw[k] = 0.0f;
+        ppw[k] = pair_pos(a, r0, hg, wid + 4 * k, pos0, &row, &head, kh);
+    }
+    /* the PV step: thread (dx, px) owns slices dx and dx + DX of pairs px*PT .. px*PT+PT-1 */
+    const int dx = tid % a.DX, px = tid / a.DX;
+    const bool pv = px * PT < kPairs;
+    const int d40 = dx, d41 = dx + a.DX;
+    int ppt[PT];
+    float4 oc[PT][2], O[PT][2];
+#pragma unroll
+    for (int i = 0; i < PT; i++) {
+        ppt[i] = pv ? pair_pos(a, r0, hg, px * PT + i, pos0, &row, &head, kh) : -1;
+        O[i][0] = O[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+
+    /* prologue: the first tile's keys (and values, unless they share the buffer) */
+    {
+        const int ks = c0 * kChunk, kn = min(kTile, p_max - ks + 1);
+        load_tile(a, Kb, a.kc, kh, ks, kn);
+        kp_cp_commit();
+        if (!a.alias) {
+            load_tile(a, Vb, a.vc, kh, ks, kn);
+            kp_cp_commit();
+        }
+    }
+
+    for (int c = c0; c <= cmax; c += cstep) {
+#pragma unroll
+        for (int k = 0; k < kPairs / 4; k++) mrun[k] = -INFINITY, lrun[k] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PT; i++) oc[i][0] = oc[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+
+        for (int t = 0; t < kTiles; t++) {
+            const int ks = c * kChunk + t * kTile;
+            if (ks > p_max) break;
+            const int kn = min(kTile, p_max - ks + 1);
+            int nc = 0, nt = 0;
+            const int nks = next_tile(c, t, cstep, cmax, p_max, &nc, &nt);
+            const int nkn = nks >= 0 ? min(kTile, p_max - nks + 1) : 0;
+
+            if (a.alias) kp_cp_wait<0>();
+            else kp_cp_wait<1>();
+            __syncthreads();
+
+            /* scores: warp w sums quarter w of the slices for 16 pairs x 32 keys (lane: keys kx+8i, pairs px+4i) */
+            {
+                const int w = wid, qlo = (w * a.DG) >> 2, qhi = ((w + 1) * a.DG) >> 2;
+                const int kx = lane & 7, qx = lane >> 3;
+                float acc[4][4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+#pragma unroll 1
+                for (int d4 = qlo; d4 < qhi; d4++) {
+                    float4 kf[4], qf[4];
+#pragma unroll
+                    for (int j = 0; j < 4; j++) kf[j] = *(const float4 *)(Kb + (kx + 8 * j) * a.KS + 4 * d4);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) qf[i] = *(const float4 *)(Q + (qx + 4 * i) * a.KS + 4 * d4);
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            float s = acc[i][j];
+                            s = __fmaf_rn(qf[i].x, kf[j].x, s);
+                            s = __fmaf_rn(qf[i].y, kf[j].y, s);
+                            s = __fmaf_rn(qf[i].z, kf[j].z, s);
+                            acc[i][j] = __fmaf_rn(qf[i].w, kf[j].w, s);
+                        }
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) SQ[(w * kPairs + qx + 4 * i) * kTile + kx + 8 * j] = acc[i][j];
+            }
+            __syncthreads();
+            if (a.alias) load_tile(a, Vb, a.vc, kh, ks, kn); /* the keys are no longer needed */
+            else if (nks >= 0) load_tile(a, Kb, a.kc, kh, nks, nkn);
+            kp_cp_commit();
+
+            /* online softmax: warp wid takes pairs wid + 4k, lane = key */
+#pragma unroll
+            for (int k = 0; k < kPairs / 4; k++) {
+                const int pi = wid + 4 * k, pp = ppw[k];
+                if (pp < ks) {
+                    if (lane == 0) NV[pi] = 0;
+                    continue;
+                }
+                const float *sq = SQ + pi * kTile + lane;
+                float s = __fadd_rn(__fadd_rn(sq[0], sq[kPairs * kTile]), __fadd_rn(sq[2 * kPairs * kTile], sq[3 * kPairs * kTile]));
+                s = __fmul_rn(s, a.scale);
+                const bool valid = ks + lane <= pp;
+                if (!valid) s = -INFINITY;
+                float mt = s;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) mt = fmaxf(mt, kp_shfl_xor_f32(mt, o));
+                const float mn = fmaxf(mrun[k], mt);
+                const float al = expf(__fadd_rn(mrun[k], -mn));
+                const float pj = valid ? expf(__fadd_rn(s, -mn)) : 0.0f;
+                float ts = pj;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) ts = __fadd_rn(ts, kp_shfl_xor_f32(ts, o));
+                lrun[k] = __fmaf_rn(lrun[k], al, ts);
+                mrun[k] = mn;
+                PM[lane * kPairs + pi] = pj;
+                if (lane == 0) {
+                    ALPHA[pi] = al;
+                    NV[pi] = min(kTile, pp - ks + 1);
+                }
+            }
+            if (a.alias) kp_cp_wait<0>();
+            else kp_cp_wait<1>();
+            __syncthreads();
+
+            /* o = o*alpha + sum over the tile's keys in order of p_j * v_j */
+            if (pv) {
+                int nv[PT], nvmin = kTile, nvmax = 0;
+#pragma unroll
+                for (int i = 0; i < PT; i++) {
+                    nv[i] = NV[px * PT + i];
+                    nvmin = min(nvmin, nv[i]);
+                    nvmax = max(nvmax, nv[i]);
+                    if (nv[i] > 0) {
+                        const float al = ALPHA[px * PT + i];
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            oc[i][h].x = KEEL_PLANT_ATTN_RESCALE(oc[i][h].x, al);
+                            oc[i][h].y = KEEL_PLANT_ATTN_RESCALE(oc[i][h].y, al);
+                            oc[i][h].z = KEEL_PLANT_ATTN_RESCALE(oc[i][h].z, al);
+                            oc[i][h].w = KEEL_PLANT_ATTN_RESCALE(oc[i][h].w, al);
+                        }
+                    }
+                }
+                const bool two = d41 < a.DG;
+                for (int j = 0; j < nvmax; j++) {
+                    const float4 v0 = *(const float4 *)(Vb + j * a.KS + 4 * d40);
+                    const float4 v1 = two ? *(const float4 *)(Vb + j * a.KS + 4 * d41) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    const bool all = j < nvmin;
+#pragma unroll
+                    for (int i = 0; i < PT; i++) {
+                        if (!all && j >= nv[i]) continue;
+                        const float p = PM[j * kPairs + px * PT + i];
+                        oc[i][0].x = __fmaf_rn(p, v0.x, oc[i][0].x);
+                        oc[i][0].y = __fmaf_rn(p, v0.y, oc[i][0].y);
+                        oc[i][0].z = __fmaf_rn(p, v0.z, oc[i][0].z);
+                        oc[i][0].w = __fmaf_rn(p, v0.w, oc[i][0].w);
+                        oc[i][1].x = __fmaf_rn(p, v1.x, oc[i][1].x);
+                        oc[i][1].y = __fmaf_rn(p, v1.y, oc[i][1].y);
+                        oc[i][1].z = __fmaf_rn(p, v1.z, oc[i][1].z);
+                        oc[i][1].w = __fmaf_rn(p, v1.w, oc[i][1].w);
+                    }
+                }
+            }
+            __syncthreads();
+            if (a.alias) {
+                if (nks >= 0) load_tile(a, Kb, a.kc, kh, nks, nkn);
+            } else if (nks >= 0) {
+                load_tile(a, Vb, a.vc, kh, nks, nkn);
+            }
+            kp_cp_commit();
+        }
+
+        /* the chunk's (m, l, o): to scratch (split-K), or merged into the running (M, L, O) (walk) */
+        const int cs = c * kChunk;
+        if (!a.walk) {
+#pragma unroll
+            for (int k = 0; k < kPairs / 4; k++)
+                if (ppw[k] >= cs && lane == 0) {
+                    pair_pos(a, r0, hg, wid + 4 * k, pos0, &row, &head, kh);
+                    const long long pi = ((long long)row * a.nh + head) * a.NC + c;
+                    a.part_ml[2 * pi] = mrun[k];
+                    a.part_ml[2 * pi + 1] = lrun[k];
+                }
+#pragma unroll
+            for (int i = 0; i < PT; i++) {
+                if (ppt[i] < cs) continue;
+                pair_pos(a, r0, hg, px * PT + i, pos0, &row, &head, kh);
+                float *dst = a.part_o + (((long long)row * a.nh + head) * a.NC + c) * a.hd;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int d = 4 * (h ? d41 : d40);
+                    const float v[4] = {oc[i][h].x, oc[i][h].y, oc[i][h].z, oc[i][h].w};
+                    for (int e = 0; e < 4; e++)
+                        if (d + e < a.hd) dst[d + e] = v[e];
+                }
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < kPairs / 4; k++) {
+                if (ppw[k] < cs) continue;
+                const float Mn = fmaxf(Mw[k], mrun[k]);
+                const float ca = expf(__fadd_rn(Mw[k], -Mn)), cb = expf(__fadd_rn(mrun[k], -Mn));
+                Lw[k] = __fmaf_rn(Lw[k], ca, __fmul_rn(lrun[k], cb));
+                Mw[k] = Mn;
+                if (lane == 0) CA[wid + 4 * k] = ca, CB[wid + 4 * k] = cb;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < PT; i++) {
+                if (ppt[i] < cs) continue;
+                const float ca = CA[px * PT + i], cb = CB[px * PT + i];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    O[i][h].x = __fmaf_rn(O[i][h].x, ca, __fmul_rn(oc[i][h].x, cb));
+                    O[i][h].y = __fmaf_rn(O[i][h].y, ca, __fmul_rn(oc[i][h].y, cb));
+                    O[i][h].z = __fmaf_rn(O[i][h].z, ca, __fmul_rn(oc[i][h].z, cb));
+                    O[i][h].w = __fmaf_rn(O[i][h].w, ca, __fmul_rn(oc[i][h].w, cb));
+                }
+            }
+        }
+    }
+    kp_cp_wait<0>();
+    if (!a.walk) return;
+
+    /* walk: out = O / L */
+#pragma unroll
+    for (int k = 0; k < kPairs / 4; k++)
+        if (lane == 0) LL[wid + 4 * k] = Lw[k];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < PT; i++) {
+        if (ppt[i] < 0) continue;
+        const float L = LL[px * PT + i];
+        pair_pos(a, r0, hg, px * PT + i, pos0, &row, &head, kh);
+        const long long base = ((long long)row * a.nh + head) * a.hd;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int d = 4 * (h ? d41 : d40);
+            const float v[4] = {O[i][h].x, O[i][h].y, O[i][h].z, O[i][h].w};
+            for (int e = 0; e < 4; e++)
+                if (d + e < a.hd) store_out(a, base + d + e, __fdiv_rn(v[e], L));
+        }
+    }
+}
+
+/* Split-K: one block per (query head, row) merges the row's chunks in order: prefix maxima by a block scan (max
+ * is exact, so the scan order does not matter), then per channel the fma chain of the merge. */
+__global__ void __launch_bounds__(kSeg) attn_combine_kernel(AP a) {
+    __shared__ float smx[kSeg], sa[kSeg], sb[kSeg];
+    const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
+    const int pp = min(max(*a.d_pos + r, 0), a.ctx - 1), nc = pp / kChunk + 1;
+    const long long base = ((long long)r * a.nh + h) * a.NC;
+    const int d0 = tid, d1 = tid + kSeg;
+    float O0 = 0.0f, O1 = 0.0f, L = 0.0f, Mprev = -INFINITY;
+    for (int s0 = 0; s0 < nc; s0 += kSeg) {
+        const int ns = min(kSeg, nc - s0);
+        const float mc = tid < ns ? a.part_ml[2 * (base + s0 + tid)] : -INFINITY;
+        smx[tid] = mc;
+        __syncthreads();
+        for (int off = 1; off < kSeg; off <<= 1) {
+            const float t = tid >= off ? smx[tid - off] : -INFINITY;
+            __syncthreads();
+            smx[tid] = fmaxf(smx[tid], t);
+            __syncthreads();
+        }
+        if (tid < ns) {
+            const float Mc = fmaxf(Mprev, smx[tid]), Mb = tid ? fmaxf(Mprev, smx[tid - 1]) : Mprev;
+            sa[tid] = expf(__fadd_rn(Mb, -Mc));
+            sb[tid] = expf(__fadd_rn(mc, -Mc));
+        }
+        __syncthreads();
+        const float *po = a.part_o + (base + s0) * a.hd;
+        const float *pl = a.part_ml + 2 * (base + s0) + 1;
+#pragma unroll 4
+        for (int c = 0; c < ns; c++) {
+            const float ca = sa[c], cb = sb[c];
+            L = __fmaf_rn(L, ca, __fmul_rn(pl[2 * c], cb));
+            if (d0 < a.hd) O0 = __fmaf_rn(O0, ca, __fmul_rn(po[(long long)c * a.hd + d0], cb));
+            if (d1 < a.hd) O1 = __fmaf_rn(O1, ca, __fmul_rn(po[(long long)c * a.hd + d1], cb));
+        }
+        Mprev = fmaxf(Mprev, smx[ns - 1]);
+        __syncthreads();
+    }
+    const long long out = ((long long)r * a.nh + h) * a.hd;
+    if (d0 < a.hd) store_out(a, out + d0, __fdiv_rn(O0, L));
+    if (d1 < a.hd) store_out(a, out + d1, __fdiv_rn(O1, L));
+}
+
+struct DVec {
+    const void *p;
+    int dt, n;
+};
+
+/* Cache rows *d_pos + r = k (resp. v) row r [+ bias], r < m. */
+__global__ void kv_append_kernel(const float *k, const float *v, DVec kb, DVec vb, float *kc, float *vc, int kvd,
+                                 const int *d_pos, int m) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, n = (long long)m * kvd;
+    if (i >= n) return;
+    const long long r = i / kvd, c = i - r * kvd, dst = ((long long)*d_pos + r) * kvd + c;
+    float kv = k[i], vv = v[i];
+    if (kb.n) kv = __fadd_rn(kv, KEEL_PLANT_KV_BIAS(ld_dt(kb.p, kb.dt, c)));
+    if (vb.n) vv = __fadd_rn(vv, KEEL_PLANT_KV_BIAS(ld_dt(vb.p, vb.dt, c)));
+    kc[dst] = kv;
+    vc[dst] = vv;
+    KEEL_PLANT_KV_STORED(kc, dst, i == n - 1, kv);
+}
+
+/* The launch layout of a shape: slices, strides, pairs per thread, whether K and V share one buffer. */
+struct Layout {
+    int DG, KS, DX, PT, alias;
+    size_t bytes;
+};
+
+size_t layout_bytes(int KS, int alias) {
+    const size_t f = (size_t)(alias ? 1 : 2) * kTile * KS + (size_t)kPairs * KS + 4 * kPairs * kTile +
+                     (size_t)kTile * kPairs + 5 * kPairs;
+    return f * sizeof(float);
+}
+
+Layout layout_for(int hd) {
+    Layout l;
+    l.DG = (hd + 3) / 4;
+    l.KS = (4 * l.DG + 31) / 32 * 32 + 4; /* = 4 mod 32 floats: the score step's row reads hit distinct banks */
+    l.DX = (l.DG + 1) / 2;
+    const int pxn = kThreads / l.DX;
+    l.PT = pxn >= kPairs ? 1 : 2 * pxn >= kPairs ? 2 : 4;
+    l.alias = layout_bytes(l.KS, 0) > (size_t)kSmemMax;
+    l.bytes = layout_bytes(l.KS, l.alias);
+    return l;
+}
+
+template <int PT> void launch_tiles(const AP &a, dim3 grid, size_t bytes, cudaStream_t st) {
+    static bool attr_set = false; /* the tile kernels may use kSmemMax bytes (set once per kernel) */
+    if (!attr_set) {
+        KEEL_CUDA_CHECK(cudaFuncSetAttribute(attn_tile_kernel<PT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax));
+        attr_set = true;
+    }
+    attn_tile_kernel<PT><<<grid, kThreads, bytes, st>>>(a);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+} // namespace
+
+extern "C" size_t KEEL_ATTN_FN(attn_scratch_bytes)(int m, int nh, int hd, int ctx) {
+    if (m < 1 || m > kSplitMaxM) return 0;
+    const size_t nc = ((size_t)ctx + kChunk - 1) / kChunk;
+    return (size_t)m * (size_t)nh * nc * ((size_t)hd + 2) * sizeof(float);
+}
+
+extern "C" void KEEL_ATTN_FN(kv_append)(const float *k, const float *v, const keel_ecu_vec *kb, const keel_ecu_vec *vb,
+                                        float *kc, float *vc, int kvd, const int *d_pos, int m, void *st) {
+    KEEL_ASSERTF(m >= 1 && kvd >= 1, "kv append of %d rows of %d", m, kvd);
+    const DVec kd = {kb ? kb->p : nullptr, kb ? (int)kb->dt : 0, kb ? kb->n : 0};
+    const DVec vd = {vb ? vb->p : nullptr, vb ? (int)vb->dt : 0, vb ? vb->n : 0};
+    const long long n = (long long)m * kvd;
+    kv_append_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)st>>>(k, v, kd, vd, kc, vc, kvd, d_pos, m);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void KEEL_ATTN_FN(attn)(const float *q, const keel_ecu_vec *qb, const float *kc, const float *vc, int kvd,
+                                   const int *d_pos, int m, int nh, int nkv, int hd, int ctx, float *scratch,
+                                   uint16_t *o, float *of, void *st) {
+    KEEL_ASSERTF(hd >= 1 && hd <= kMaxHeadDim, "head_dim %d (1..%d)", hd, kMaxHeadDim);
+    KEEL_ASSERTF(nkv >= 1 && nh >= nkv && nh % nkv == 0 && kvd >= nkv * hd, "%d query heads over %d KV heads of %d (kvd %d)",
+                 nh, nkv, hd, kvd);
+    KEEL_ASSERTF(m >= 1 && ctx >= 1, "attention of %d rows over %d cache rows", m, ctx);
+    const Layout l = layout_for(hd);
+    AP a;
+    memset(&a, 0, sizeof a);
+    a.q = q, a.qb = qb ? qb->p : nullptr, a.qb_dt = qb ? (int)qb->dt : 0, a.qb_n = qb ? qb->n : 0;
+    a.kc = kc, a.vc = vc, a.kvd = kvd, a.d_pos = d_pos;
+    a.m = m, a.nh = nh, a.hd = hd, a.ctx = ctx;
+    a.G = nh / nkv, a.HB = a.G < kPairs ? a.G : kPairs, a.RB = kPairs / a.HB, a.hgroups = (a.G + a.HB - 1) / a.HB;
+    a.DG = l.DG, a.KS = l.KS, a.DX = l.DX, a.NC = (ctx + kChunk - 1) / kChunk;
+    a.walk = m > kSplitMaxM, a.alias = l.alias;
+    a.vec4 = hd % 4 == 0 && kvd % 4 == 0 && ((uintptr_t)kc & 15) == 0 && ((uintptr_t)vc & 15) == 0;
+    a.scale = 1.0f / sqrtf((float)hd);
+    a.o = o, a.of = of;
+    const unsigned Y = (unsigned)(nkv * a.hgroups), Z = (unsigned)((m + a.RB - 1) / a.RB);
+    unsigned X = 1;
+    if (!a.walk) {
+        KEEL_ASSERTF(scratch != nullptr, "split-K attention of %d rows without scratch", m);
+        const size_t nc = (size_t)a.NC;
+        a.part_o = scratch;
+        a.part_ml = scratch + (size_t)m * nh * nc * hd;
+        const unsigned want = kGridTarget / (Y * Z) > 0 ? kGridTarget / (Y * Z) : 1;
+        X = (unsigned)a.NC < want ? (unsigned)a.NC : want;
+    }
+    const dim3 grid(X, Y, Z);
+    cudaStream_t s = (cudaStream_t)st;
+    if (l.PT == 1) launch_tiles<1>(a, grid, l.bytes, s);
+    else if (l.PT == 2) launch_tiles<2>(a, grid, l.bytes, s);
+    else launch_tiles<4>(a, grid, l.bytes, s);
+    if (!a.walk) {
+        attn_combine_kernel<<<dim3((unsigned)nh, (unsigned)m), kSeg, 0, s>>>(a);
+        KEEL_CUDA_CHECK_LAUNCH();
+    }
+}
+
+#if KEEL_ATTN_TWIN
+extern "C" void keel_contract_twin_ecu_attn_arm(int fault) {
+    KEEL_CUDA_CHECK(cudaDeviceSynchronize());
+    KEEL_CUDA_CHECK(cudaMemcpyToSymbol(g_attn_plant, &fault, sizeof fault));
+}
+#else
+/* The host function pointer of an attention kernel by its audit symbol (contract/records), for gate 5's live check. */
+extern "C" const void *keel_ecu_attn_kernel_fn(const char *symbol) {
+    static const struct {
+        const char *name;
+        const void *fn;
+    } tab[] = {
+        {"attn_tile_kernel<1>", (const void *)attn_tile_kernel<1>},
+        {"attn_tile_kernel<2>", (const void *)attn_tile_kernel<2>},
+        {"attn_tile_kernel<4>", (const void *)attn_tile_kernel<4>},
+        {"attn_combine_kernel", (const void *)attn_combine_kernel},
+        {"kv_append_kernel", (const void *)kv_append_kernel},
+    };
+    if (!symbol) return NULL;
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (!strcmp(tab[i].name, symbol)) return tab[i].fn;
+    return NULL;
+}
+#endif
