@@ -217,6 +217,9 @@ static const keel_audit_kernel kernels[] = {
     {"attn_tile_kernel<4>", "src/engine/cuda/attn.cu", 128, 65536, 2, 1, false},
     {"attn_combine_kernel", "src/engine/cuda/attn.cu", 128, 0, 1, 0, false},
     {"kv_append_kernel", "src/engine/cuda/attn.cu", 256, 0, 1, 0, false},
+    /* the GPU sampler and the chunked Mamba-2 scan (sample.cu, scan.cu): __launch_bounds__(block), one block per SM */
+    {"sample_kernel", "src/engine/cuda/sample.cu", 1024, 0, 1, 0, false},
+    {"ssm_chunk_kernel", "src/engine/cuda/scan.cu", 256, 0, 1, 0, false},
     /* planted twin: a run-time-indexed local array (stack frame) under a 32-register cap (spills) */
     {"gate5_local_array", "src/contract/gate5_twin.cu", 128, 0, 16, 0, true},
 };

@@ -74,6 +74,20 @@ void keel_ecu_conv(const float *proj, int ld, int off, float *win, const keel_ec
 void keel_ecu_ssm(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state,
                   const keel_ecu_vec *dt_bias, const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH, int P,
                   int N, int G, int m, float *y, void *st);
+/* The same scan of m tokens (any m; ssm_state N <= 128) in the chunked (SSD) form (src/engine/cuda/scan.cu): chunk
+ * outputs as masked products, chunk states passed in order. Its outputs and final state equal keel_ecu_ssm's within
+ * the bound derived in src/contract/engine_regs_scan.c, not bit for bit. */
+void keel_ecu_ssm_chunked(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state,
+                          const keel_ecu_vec *dt_bias, const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH, int P,
+                          int N, int G, int m, float *y, void *st);
+/* The seeded sampler's token for logits (V, 1 <= V <= 2^21) into *out_tok: the same token as keel_sampler_sample
+ * (src/engine/sample.c) for the same configuration, seed and the absolute position *d_pos (read on the device, so
+ * a captured graph replays it). One launch, no allocation, no host sync; scratch: keel_ecu_sample_scratch_bytes(V). */
+void keel_ecu_sample(const float *logits, int V, float temp, int top_k, float top_p, float min_p, uint64_t seed,
+                     const int *d_pos, int *out_tok, void *scratch, void *st);
+size_t keel_ecu_sample_scratch_bytes(int V);
+/* The host function pointer of a kernel of scan.cu or sample.cu by its gate-5 audit symbol; NULL if unknown. */
+const void *keel_ecu_scan_kernel_fn(const char *symbol);
 /* Gated grouped RMSNorm: out (m, DI) = groupnorm(y * silu(z)) * w, z = proj (m, ld) columns [0, DI); into out
  * (bf16) and/or outf (fp32), either may be NULL. */
 void keel_ecu_gate_norm(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI, float eps,
