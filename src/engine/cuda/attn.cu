@@ -112,19 +112,40 @@ __device__ __forceinline__ void store_out(const AP &a, long long i, float v) {
     }
 }
 
-/* Asynchronous copy of rows [ks, ks+kn) of one KV head's slice of a cache into a tile buffer (row stride KS). */
-__device__ __forceinline__ void load_tile(const AP &a, float *dst, const float *cache, int kh, int ks, int kn) {
+/* o (two float4 slices) += p * v, each element one fma. */
+__device__ __forceinline__ void pv_fma(float4 o[2], float p, const float4 &v0, const float4 &v1) {
+    o[0].x = __fmaf_rn(p, v0.x, o[0].x);
+    o[0].y = __fmaf_rn(p, v0.y, o[0].y);
+    o[0].z = __fmaf_rn(p, v0.z, o[0].z);
+    o[0].w = __fmaf_rn(p, v0.w, o[0].w);
+    o[1].x = __fmaf_rn(p, v1.x, o[1].x);
+    o[1].y = __fmaf_rn(p, v1.y, o[1].y);
+    o[1].z = __fmaf_rn(p, v1.z, o[1].z);
+    o[1].w = __fmaf_rn(p, v1.w, o[1].w);
+}
+
+/* A thread's share of a tile copy: elements tid, tid + kThreads, ... of rows of w elements, walked without division. */
+struct Walk {
+    int j0, e0, dj, de;
+};
+
+__device__ __forceinline__ Walk walk_for(int w) {
+    const int t = (int)threadIdx.x;
+    Walk r = {t / w, t % w, kThreads / w, kThreads % w};
+    return r;
+}
+
+/* Asynchronous copy of rows [ks, ks+kn) of one KV head's slice of a cache into a tile buffer (row stride KS); wv
+ * walks float4 slices (vec4) or floats. */
+__device__ __forceinline__ void load_tile(const AP &a, const Walk &wv, float *dst, const float *cache, int kh, int ks,
+                                          int kn) {
     const float *src = cache + (long long)ks * a.kvd + (long long)kh * a.hd;
-    if (a.vec4) {
-        for (int i = threadIdx.x; i < kn * a.DG; i += kThreads) {
-            const int j = i / a.DG, d4 = i - j * a.DG;
-            kp_cp_async16(dst + j * a.KS + 4 * d4, src + (long long)j * a.kvd + 4 * d4);
-        }
-    } else {
-        for (int i = threadIdx.x; i < kn * a.hd; i += kThreads) {
-            const int j = i / a.hd, d = i - j * a.hd;
-            kp_cp_async4(dst + j * a.KS + d, src + (long long)j * a.kvd + d);
-        }
+    const int w = a.vec4 ? a.DG : a.hd;
+    for (int j = wv.j0, e = wv.e0; j < kn;) {
+        if (a.vec4) kp_cp_async16(dst + j * a.KS + 4 * e, src + (long long)j * a.kvd + 4 * e);
+        else kp_cp_async4(dst + j * a.KS + e, src + (long long)j * a.kvd + e);
+        j += wv.dj, e += wv.de;
+        if (e >= w) e -= w, j++;
     }
 }
 
@@ -148,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
     float *Vb = a.alias ? Kb : Kb + kTile * a.KS;
     float *Q = Vb + kTile * a.KS;
     float *SQ = Q + kPairs * a.KS;     /* [quarter][pair][key] partial dots */
-    float *PM = SQ + 4 * kPairs * kTile; /* [key][pair] softmax numerators */
+    float *PM = SQ + 4 * kPairs * kTile; /* [pair][key] softmax numerators */
     float *ALPHA = PM + kTile * kPairs, *CA = ALPHA + kPairs, *CB = CA + kPairs, *LL = CB + kPairs;
     int *NV = (int *)(LL + kPairs);
 
@@ -162,17 +183,19 @@ __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
     if (c0 > cmax) return;
 
     /* zero the tile buffers (their padding columns stay zero) and load this block's queries (+ bias) */
-    for (int i = tid; i < (a.alias ? 1 : 2) * kTile * a.KS; i += kThreads) Kb[i] = 0.0f;
-    for (int i = tid; i < kPairs * a.KS; i += kThreads) {
-        const int pi = i / a.KS, d = i - pi * a.KS;
+    for (int i = tid; i < (a.alias ? 1 : 2) * kTile * a.KS / 4; i += kThreads) smem4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int pi = 0; pi < kPairs; pi++) {
         int row = 0, head = 0;
-        float v = 0.0f;
-        if (d < a.hd && pair_pos(a, r0, hg, pi, pos0, &row, &head, kh) >= 0) {
-            const long long qi = ((long long)row * a.nh + head) * a.hd + d;
-            v = a.q[qi];
-            if (a.qb_n) v = __fadd_rn(v, ld_dt(a.qb, a.qb_dt, (long long)head * a.hd + d));
+        const bool on = pair_pos(a, r0, hg, pi, pos0, &row, &head, kh) >= 0;
+        const long long qi = ((long long)row * a.nh + head) * a.hd;
+        for (int d = tid; d < a.KS; d += kThreads) {
+            float v = 0.0f;
+            if (on && d < a.hd) {
+                v = a.q[qi + d];
+                if (a.qb_n) v = __fadd_rn(v, ld_dt(a.qb, a.qb_dt, (long long)head * a.hd + d));
+            }
+            Q[pi * a.KS + d] = v;
         }
-        Q[i] = v;
     }
     __syncthreads();
 
@@ -196,13 +219,14 @@ __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
         O[i][0] = O[i][1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 
+    const Walk wv = walk_for(a.vec4 ? a.DG : a.hd);
     /* prologue: the first tile's keys (and values, unless they share the buffer) */
     {
         const int ks = c0 * kChunk, kn = min(kTile, p_max - ks + 1);
-        load_tile(a, Kb, a.kc, kh, ks, kn);
+        load_tile(a, wv, Kb, a.kc, kh, ks, kn);
         kp_cp_commit();
         if (!a.alias) {
-            load_tile(a, Vb, a.vc, kh, ks, kn);
+            load_tile(a, wv, Vb, a.vc, kh, ks, kn);
             kp_cp_commit();
         }
     }
@@ -258,38 +282,52 @@ __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
                     for (int j = 0; j < 4; j++) SQ[(w * kPairs + qx + 4 * i) * kTile + kx + 8 * j] = acc[i][j];
             }
             __syncthreads();
-            if (a.alias) load_tile(a, Vb, a.vc, kh, ks, kn); /* the keys are no longer needed */
-            else if (nks >= 0) load_tile(a, Kb, a.kc, kh, nks, nkn);
+            if (a.alias) load_tile(a, wv, Vb, a.vc, kh, ks, kn); /* the keys are no longer needed */
+            else if (nks >= 0) load_tile(a, wv, Kb, a.kc, kh, nks, nkn);
             kp_cp_commit();
 
-            /* online softmax: warp wid takes pairs wid + 4k, lane = key */
+            /* online softmax: warp wid takes pairs wid + 4k (the four side by side), lane = key */
+            {
+                float sv[kPairs / 4], mt[kPairs / 4], ts[kPairs / 4];
+                bool valid[kPairs / 4];
 #pragma unroll
-            for (int k = 0; k < kPairs / 4; k++) {
-                const int pi = wid + 4 * k, pp = ppw[k];
-                if (pp < ks) {
-                    if (lane == 0) NV[pi] = 0;
-                    continue;
+                for (int k = 0; k < kPairs / 4; k++) {
+                    const float *sq = SQ + (wid + 4 * k) * kTile + lane;
+                    const float s0 = __fadd_rn(__fadd_rn(sq[0], sq[kPairs * kTile]),
+                                               __fadd_rn(sq[2 * kPairs * kTile], sq[3 * kPairs * kTile]));
+                    valid[k] = ks + lane <= ppw[k];
+                    sv[k] = valid[k] ? __fmul_rn(s0, a.scale) : -INFINITY;
+                    mt[k] = sv[k];
                 }
-                const float *sq = SQ + pi * kTile + lane;
-                float s = __fadd_rn(__fadd_rn(sq[0], sq[kPairs * kTile]), __fadd_rn(sq[2 * kPairs * kTile], sq[3 * kPairs * kTile]));
-                s = __fmul_rn(s, a.scale);
-                const bool valid = ks + lane <= pp;
-                if (!valid) s = -INFINITY;
-                float mt = s;
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) mt = fmaxf(mt, kp_shfl_xor_f32(mt, o));
-                const float mn = fmaxf(mrun[k], mt);
-                const float al = expf(__fadd_rn(mrun[k], -mn));
-                const float pj = valid ? expf(__fadd_rn(s, -mn)) : 0.0f;
-                float ts = pj;
+                for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) ts = __fadd_rn(ts, kp_shfl_xor_f32(ts, o));
-                lrun[k] = __fmaf_rn(lrun[k], al, ts);
-                mrun[k] = mn;
-                PM[lane * kPairs + pi] = pj;
-                if (lane == 0) {
-                    ALPHA[pi] = al;
-                    NV[pi] = min(kTile, pp - ks + 1);
+                    for (int k = 0; k < kPairs / 4; k++) mt[k] = fmaxf(mt[k], kp_shfl_xor_f32(mt[k], o));
+                float mn[kPairs / 4], al[kPairs / 4];
+#pragma unroll
+                for (int k = 0; k < kPairs / 4; k++) {
+                    mn[k] = fmaxf(mrun[k], mt[k]);
+                    al[k] = expf(__fadd_rn(mrun[k], -mn[k]));
+                    ts[k] = valid[k] ? expf(__fadd_rn(sv[k], -mn[k])) : 0.0f;
+                    PM[(wid + 4 * k) * kTile + lane] = ts[k];
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                    for (int k = 0; k < kPairs / 4; k++) ts[k] = __fadd_rn(ts[k], kp_shfl_xor_f32(ts[k], o));
+#pragma unroll
+                for (int k = 0; k < kPairs / 4; k++) {
+                    const int pi = wid + 4 * k, pp = ppw[k];
+                    if (pp < ks) { /* no key of this tile for the pair: its state is left as it is */
+                        if (lane == 0) NV[pi] = 0;
+                        continue;
+                    }
+                    lrun[k] = __fmaf_rn(lrun[k], al[k], ts[k]);
+                    mrun[k] = mn[k];
+                    if (lane == 0) {
+                        ALPHA[pi] = al[k];
+                        NV[pi] = min(kTile, pp - ks + 1);
+                    }
                 }
             }
             if (a.alias) kp_cp_wait<0>();
@@ -316,30 +354,30 @@ __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
                     }
                 }
                 const bool two = d41 < a.DG;
-                for (int j = 0; j < nvmax; j++) {
-                    const float4 v0 = *(const float4 *)(Vb + j * a.KS + 4 * d40);
-                    const float4 v1 = two ? *(const float4 *)(Vb + j * a.KS + 4 * d41) : make_float4(0.f, 0.f, 0.f, 0.f);
-                    const bool all = j < nvmin;
+                const float *pm = PM + px * PT * kTile;
+                if (nvmin == kTile) { /* every key of the tile for every pair of the thread */
+#pragma unroll 4
+                    for (int j = 0; j < kTile; j++) {
+                        const float4 v0 = *(const float4 *)(Vb + j * a.KS + 4 * d40);
+                        const float4 v1 = two ? *(const float4 *)(Vb + j * a.KS + 4 * d41) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-                    for (int i = 0; i < PT; i++) {
-                        if (!all && j >= nv[i]) continue;
-                        const float p = PM[j * kPairs + px * PT + i];
-                        oc[i][0].x = __fmaf_rn(p, v0.x, oc[i][0].x);
-                        oc[i][0].y = __fmaf_rn(p, v0.y, oc[i][0].y);
-                        oc[i][0].z = __fmaf_rn(p, v0.z, oc[i][0].z);
-                        oc[i][0].w = __fmaf_rn(p, v0.w, oc[i][0].w);
-                        oc[i][1].x = __fmaf_rn(p, v1.x, oc[i][1].x);
-                        oc[i][1].y = __fmaf_rn(p, v1.y, oc[i][1].y);
-                        oc[i][1].z = __fmaf_rn(p, v1.z, oc[i][1].z);
-                        oc[i][1].w = __fmaf_rn(p, v1.w, oc[i][1].w);
+                        for (int i = 0; i < PT; i++) pv_fma(oc[i], pm[i * kTile + j], v0, v1);
+                    }
+                } else {
+                    for (int j = 0; j < nvmax; j++) {
+                        const float4 v0 = *(const float4 *)(Vb + j * a.KS + 4 * d40);
+                        const float4 v1 = two ? *(const float4 *)(Vb + j * a.KS + 4 * d41) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                        for (int i = 0; i < PT; i++)
+                            if (j < nv[i]) pv_fma(oc[i], pm[i * kTile + j], v0, v1);
                     }
                 }
             }
             __syncthreads();
             if (a.alias) {
-                if (nks >= 0) load_tile(a, Kb, a.kc, kh, nks, nkn);
+                if (nks >= 0) load_tile(a, wv, Kb, a.kc, kh, nks, nkn);
             } else if (nks >= 0) {
-                load_tile(a, Vb, a.vc, kh, nks, nkn);
+                load_tile(a, wv, Vb, a.vc, kh, nks, nkn);
             }
             kp_cp_commit();
         }
@@ -420,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
 /* Split-K: one block per (query head, row) merges the row's chunks in order: prefix maxima by a block scan (max
  * is exact, so the scan order does not matter), then per channel the fma chain of the merge. */
 __global__ void __launch_bounds__(kSeg) attn_combine_kernel(AP a) {
-    __shared__ float smx[kSeg], sa[kSeg], sb[kSeg];
+    __shared__ float smx[kSeg], sa[kSeg], sb[kSeg], wmx[kSeg / 32];
     const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
     const int pp = min(max(*a.d_pos + r, 0), a.ctx - 1), nc = pp / kChunk + 1;
     const long long base = ((long long)r * a.nh + h) * a.NC;
@@ -429,14 +467,18 @@ __global__ void __launch_bounds__(kSeg) attn_combine_kernel(AP a) {
     for (int s0 = 0; s0 < nc; s0 += kSeg) {
         const int ns = min(kSeg, nc - s0);
         const float mc = tid < ns ? a.part_ml[2 * (base + s0 + tid)] : -INFINITY;
-        smx[tid] = mc;
-        __syncthreads();
-        for (int off = 1; off < kSeg; off <<= 1) {
-            const float t = tid >= off ? smx[tid - off] : -INFINITY;
-            __syncthreads();
-            smx[tid] = fmaxf(smx[tid], t);
-            __syncthreads();
+        float v = mc; /* inclusive prefix maximum: within the warp by shuffles, then over the warps before */
+        const int lane = tid & 31, wid = tid >> 5;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float t = __uint_as_float(kp_shfl(__float_as_uint(v), lane >= o ? lane - o : 0));
+            if (lane >= o) v = fmaxf(v, t);
         }
+        if (lane == 31) wmx[wid] = v;
+        __syncthreads();
+        for (int w = 0; w < wid; w++) v = fmaxf(v, wmx[w]);
+        smx[tid] = v;
+        __syncthreads();
         if (tid < ns) {
             const float Mc = fmaxf(Mprev, smx[tid]), Mb = tid ? fmaxf(Mprev, smx[tid - 1]) : Mprev;
             sa[tid] = expf(__fadd_rn(Mb, -Mc));
@@ -445,7 +487,7 @@ __global__ void __launch_bounds__(kSeg) attn_combine_kernel(AP a) {
         __syncthreads();
         const float *po = a.part_o + (base + s0) * a.hd;
         const float *pl = a.part_ml + 2 * (base + s0) + 1;
-#pragma unroll 4
+#pragma unroll 8
         for (int c = 0; c < ns; c++) {
             const float ca = sa[c], cb = sb[c];
             L = __fmaf_rn(L, ca, __fmul_rn(pl[2 * c], cb));
@@ -507,6 +549,10 @@ template <int PT> void launch_tiles(const AP &a, dim3 grid, size_t bytes, cudaSt
     static bool attr_set = false; /* the tile kernels may use kSmemMax bytes (set once per kernel) */
     if (!attr_set) {
         KEEL_CUDA_CHECK(cudaFuncSetAttribute(attn_tile_kernel<PT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax));
+#if !defined(__HIPCC__) /* all of L1 as shared memory, so several blocks fit on an SM */
+        KEEL_CUDA_CHECK(cudaFuncSetAttribute(attn_tile_kernel<PT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             (int)cudaSharedmemCarveoutMaxShared));
+#endif
         attr_set = true;
     }
     attn_tile_kernel<PT><<<grid, kThreads, bytes, st>>>(a);

@@ -99,7 +99,7 @@ void keel_ecu_attention(const float *q, const float *kc, const float *vc, int kv
 /* ---- attention for CUDA graphs (src/engine/cuda/attn.cu): the position is read from device memory at d_pos and
  * no launch configuration depends on it. A row's result depends only on its position and inputs: the same bits
  * alone or in any window of any size, in any grid. ---- */
-#define KEEL_ECU_ATTN_CHUNK 128      /* keys per split-K chunk (a fixed part of every row's arithmetic) */
+#define KEEL_ECU_ATTN_CHUNK 64       /* keys per split-K chunk (a fixed part of every row's arithmetic) */
 #define KEEL_ECU_ATTN_SPLIT_MAX_M 32 /* up to this many rows a launch splits keys over blocks (needs scratch) */
 /* Cache rows *d_pos .. *d_pos+m-1 of kc, vc (ctx, kvd) = rows of k, v (m, kvd) [+ kb, vb; n == 0: absent]. */
 void keel_ecu_kv_append(const float *k, const float *v, const keel_ecu_vec *kb, const keel_ecu_vec *vb, float *kc,
