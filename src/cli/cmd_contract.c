@@ -188,6 +188,8 @@ int keel_cli_contract(int argc, char **argv) {
         } else {
             n_cuda = keel_contract_register_cuda(&t);
             n_cuda += keel_contract_register_cuda_engine(&t);
+            n_cuda += keel_contract_register_cuda_attn(&t);
+            n_cuda += keel_contract_register_cuda_scan(&t);
         }
     }
     if (list) {

@@ -194,10 +194,10 @@ keel_code keel_audit_records_load(keel_audit_records *r, const char *dir, keel_e
  * check compares dsmem with the attribute the launch set. */
 #define KA_STREAM(B, X, DS, MB, MBS) {"stream_tile<" #B "," #X ">", "src/kernels/cuda/stream.cu", 128, DS, MB, MBS, false}
 static const keel_audit_kernel kernels[] = {
-    KA_STREAM(2, false, 59136, 2, 1), KA_STREAM(3, false, 56000, 2, 1), KA_STREAM(4, false, 62144, 2, 1),
-    KA_STREAM(5, false, 65216, 2, 1), KA_STREAM(6, false, 57088, 2, 1), KA_STREAM(8, false, 65280, 2, 1),
-    KA_STREAM(2, true, 59136, 2, 1),  KA_STREAM(3, true, 56000, 2, 1),  KA_STREAM(4, true, 62144, 2, 1),
-    KA_STREAM(5, true, 65216, 2, 1),  KA_STREAM(6, true, 57088, 2, 1),  KA_STREAM(8, true, 65280, 2, 1),
+    KA_STREAM(2, false, 65536, 2, 1), KA_STREAM(3, false, 65536, 2, 1), KA_STREAM(4, false, 65536, 2, 1),
+    KA_STREAM(5, false, 65536, 2, 1), KA_STREAM(6, false, 65536, 2, 1), KA_STREAM(8, false, 65536, 2, 1),
+    KA_STREAM(2, true, 65536, 2, 1),  KA_STREAM(3, true, 65536, 2, 1),  KA_STREAM(4, true, 65536, 2, 1),
+    KA_STREAM(5, true, 65536, 2, 1),  KA_STREAM(6, true, 65536, 2, 1),  KA_STREAM(8, true, 65536, 2, 1),
     {"stream_finish", "src/kernels/cuda/stream.cu", 256, 0, 1, 0, false},
     {"relu2_kernel", "src/kernels/cuda/stream.cu", 256, 0, 1, 0, false},
     {"fill_kernel", "src/kernels/cuda/bench_stream.cu", 256, 0, 1, 0, false}, /* keel bench stream */
@@ -208,7 +208,7 @@ static const keel_audit_kernel kernels[] = {
     KA_ECU("add_bias_kernel", 256),  KA_ECU("matvec_kernel", 256),    KA_ECU("combine_kernel", 256),
     KA_ECU("conv_kernel", 128),      KA_ECU("ssm_kernel", 128),       KA_ECU("gate_norm_kernel", 256),
     KA_ECU("attention_kernel", 128), KA_ECU("route_kernel", 32),      KA_ECU("argmax_kernel", 1024),
-    KA_ECU("union_kernel", 32),
+    KA_ECU("union_kernel", 32),      KA_ECU("router_kernel", 256),
 #undef KA_ECU
     /* the graph-ready attention (src/engine/cuda/attn.cu): the tile kernels may use the 64 KiB of dynamic shared
      * memory their launch allows (cudaFuncSetAttribute), two blocks per SM (one on 100 KB chips) */

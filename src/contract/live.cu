@@ -35,5 +35,7 @@ extern "C" bool keel_audit_live_chip(char *buf, size_t cap) {
 
 extern "C" const void *keel_audit_live_fn(const char *symbol) {
     const void *fn = keel_cuda_kernel_fn(symbol);
-    return fn ? fn : keel_ecu_kernel_fn(symbol);
+    if (!fn) fn = keel_ecu_kernel_fn(symbol);
+    if (!fn) fn = keel_ecu_attn_kernel_fn(symbol);
+    return fn ? fn : keel_ecu_scan_kernel_fn(symbol);
 }

@@ -169,17 +169,30 @@ void keel_cuda_engine_reset(keel_cuda_engine *e);
 int keel_cuda_engine_pos(const keel_cuda_engine *e);
 int keel_cuda_engine_max_ctx(const keel_cuda_engine *e);
 size_t keel_cuda_engine_weight_bytes(const keel_cuda_engine *e);
-/* As keel_engine_forward, on the GPU; n tokens go through in windows of up to `window` rows (1..8; 0: 8). */
+/* As keel_engine_forward, on the GPU; n tokens go through in windows of up to `window` rows. 1..8 rows: exact
+ * windows (every row's bits as if it ran alone); 9..64: prompt chunks (the chunked Mamba scan, within its bound of
+ * stepping token by token); other values: 8. */
 keel_code keel_cuda_engine_forward(keel_cuda_engine *e, const int *tokens, int n, float *logits,
                                    keel_logits_mode mode, float *hidden, keel_err *err);
 void keel_cuda_engine_set_window(keel_cuda_engine *e, int rows);
+/* Rows per chunk of keel_cuda_generate's prompt: 1..64 (default 64: prompt chunks); other values: 64. */
+void keel_cuda_engine_set_prompt_rows(keel_cuda_engine *e, int rows);
+/* Decode steps as a captured CUDA graph (default on) or launch by launch; the tokens are the same either way. */
+void keel_cuda_engine_set_graphs(keel_cuda_engine *e, bool on);
+/* Benchmarks of long-context decode: keel_cuda_generate places its prompt at position pos (0: normal), the KV
+ * cache holding zeros before it. */
+void keel_cuda_engine_set_start(keel_cuda_engine *e, int pos);
+/* Bytes one decode step reads at context ctx: every matrix it streams (top_k experts of each MoE layer), the Mamba
+ * states and ctx rows of keys and values per attention layer (the bandwidth floor's numerator). */
+size_t keel_cuda_engine_step_bytes(const keel_cuda_engine *e, int ctx);
 /* Activations into the matrices: BF16 (the stream tiles; default) or F32 (the fp32 matvec: slower, within float32
  * rounding of the CPU engine). Other dtypes are KEEL_E_ARG. */
 keel_code keel_cuda_engine_set_activations(keel_cuda_engine *e, keel_dtype dt, keel_err *err);
 /* As keel_engine_mtp, on the GPU. */
 keel_code keel_cuda_engine_mtp(keel_cuda_engine *e, const float *h, const int *next, int n, float *logits,
                                float *out_hidden, keel_err *err);
-/* As keel_generate, on the GPU: greedy picks on the device; a seeded draw uses keel_sampler_sample on the logits. */
+/* As keel_generate, on the GPU: the draw (argmax or the seeded sampler, the same token as the CPU engine's) runs
+ * on the device; each decode step after the first replays one captured CUDA graph unless graphs are off. */
 keel_code keel_cuda_generate(keel_cuda_engine *e, const int *prompt, int n_prompt, const keel_gen_opts *o,
                              keel_token_fn fn, void *user, keel_gen_result *res, keel_err *err);
 /* Per-family timing with CUDA events: on/off, then the milliseconds and launches accumulated since enabling. */

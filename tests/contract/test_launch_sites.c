@@ -22,7 +22,7 @@
 #include "common/testkit.h"
 
 #define MAX_LAUNCHERS 64
-#define ENGINE_KERNELS "src/engine/cuda/kernels.cu" /* the CUDA engine's kernel file */
+#define ENGINE_KERNELS "src/engine/cuda/" /* the CUDA engine's kernel files: its .cu files */
 
 typedef struct scan {
     const keel_contract_table *t;
@@ -31,7 +31,7 @@ typedef struct scan {
     int sites, unregistered;
     char report[4096];
     const char *const *cuda_entries;   /* the CUDA table's entry points (keel_contract_cuda_entries) */
-    const char *const *engine_entries; /* the CUDA engine table's (keel_contract_cuda_engine_entries) */
+    const char *const *engine_entries[3]; /* the CUDA engine tables' (engine, attention, scan entries) */
 } scan;
 
 static void note(scan *s, const char *fmt, ...) {
@@ -86,14 +86,18 @@ static void read_launchers(scan *s, char *header) {
     }
 }
 
-/* The CUDA engine's launchers: functions defined in its kernel file as KEEL_ECU_FN(name)(...) { ... } (named
+/* The CUDA engine's launchers: functions defined in its kernel files as KEEL_<X>_FN(name)(...) { ... } (named
  * keel_ecu_<name> in the real build) whose body holds a <<< launch. */
 static void read_engine_launchers(scan *s, char *text) {
-    static const char macro[] = "KEEL_ECU_FN(";
     strip(text);
-    for (char *p = text; (p = strstr(p, macro)) != NULL; p++) {
-        if (p > text && ident(p[-1])) continue;
-        char *nm = p + sizeof macro - 1;
+    for (char *p = text; (p = strstr(p, "_FN(")) != NULL; p++) {
+        char *st = p;
+        while (st > text && ident(st[-1])) st--;
+        if (strncmp(st, "KEEL_", 5) != 0) continue;
+        bool upper = true;
+        for (char *q = st; q < p; q++) upper &= (*q >= 'A' && *q <= 'Z') || *q == '_';
+        if (!upper) continue;
+        char *nm = p + 4;
         size_t len = 0;
         while (ident(nm[len])) len++;
         char *q = nm + len;
@@ -148,8 +152,9 @@ static bool entry_registered(const scan *s, const char *backend, const char *ent
     if (strcmp(backend, "cuda") == 0) {
         for (int i = 0; s->cuda_entries[i]; i++)
             if (strcmp(s->cuda_entries[i], entry) == 0) return true;
-        for (int i = 0; s->engine_entries && s->engine_entries[i]; i++)
-            if (strcmp(s->engine_entries[i], entry) == 0) return true;
+        for (int t = 0; t < 3; t++)
+            for (int i = 0; s->engine_entries[t] && s->engine_entries[t][i]; i++)
+                if (strcmp(s->engine_entries[t][i], entry) == 0) return true;
     }
     return false;
 }
@@ -164,7 +169,9 @@ static int line_of(const char *text, const char *p) {
 static void scan_text(scan *s, const char *rel, char *text) {
     strip(text);
     const bool cpu_dir = strncmp(rel, "src/kernels/cpu/", 16) == 0;
-    const bool cuda_dir = strncmp(rel, "src/kernels/cuda/", 17) == 0 || strcmp(rel, ENGINE_KERNELS) == 0;
+    const size_t el = strlen(rel);
+    const bool cuda_dir = strncmp(rel, "src/kernels/cuda/", 17) == 0 ||
+                          (strncmp(rel, ENGINE_KERNELS, strlen(ENGINE_KERNELS)) == 0 && el > 3 && !strcmp(rel + el - 3, ".cu"));
     const bool host_avx2 = strcmp(keel_contract_cpu_backend()->chip, "cpu-avx2") == 0;
     if (!cuda_dir)
         for (char *p = text; (p = strstr(p, "<<<")) != NULL; p += 3) {
@@ -255,16 +262,28 @@ static void init_scan(scan *s, const keel_contract_table *t) {
     memset(s, 0, sizeof *s);
     s->t = t;
     s->cuda_entries = keel_contract_cuda_entries;
-    s->engine_entries = keel_contract_cuda_engine_entries;
+    s->engine_entries[0] = keel_contract_cuda_engine_entries;
+    s->engine_entries[1] = keel_contract_cuda_attn_entries;
+    s->engine_entries[2] = keel_contract_cuda_scan_entries;
     char path[1024];
     snprintf(path, sizeof path, "%s/src/kernels/cuda/cuda.h", tk_src());
     char *h = tk_read_text(path);
     read_launchers(s, h);
     free(h);
     snprintf(path, sizeof path, "%s/%s", tk_src(), ENGINE_KERNELS);
-    char *k = tk_read_text(path);
-    read_engine_launchers(s, k);
-    free(k);
+    DIR *d = opendir(path);
+    if (!d) fail_msg("cannot open %s", path);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const size_t l = strlen(de->d_name);
+        if (l < 4 || strcmp(de->d_name + l - 3, ".cu")) continue;
+        char full[1200];
+        snprintf(full, sizeof full, "%s/%s", path, de->d_name);
+        char *k = tk_read_text(full);
+        read_engine_launchers(s, k);
+        free(k);
+    }
+    closedir(d);
 }
 
 static void test_source_tree_launches_are_registered(void **state) {
@@ -301,13 +320,13 @@ static void test_scan_catches_unregistered(void **state) {
 
     static const char *const no_cuda_entries[] = {NULL}; /* as if the CUDA tables registered nothing */
     s.cuda_entries = no_cuda_entries;
-    s.engine_entries = no_cuda_entries;
+    s.engine_entries[0] = s.engine_entries[1] = s.engine_entries[2] = no_cuda_entries;
     char cuda[] = "void g(void) {\n  keel_cuda_stream_matmul(&W, x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE, 0);\n"
                   "  k_tile<<<grid, 128>>>(a);\n}\n";
-    scan_text(&s, "src/engine/cuda/forward.cu", cuda);
+    scan_text(&s, "src/engine/cuda/forward.c", cuda);
     assert_int_equal(s.unregistered, 2);
-    assert_non_null(strstr(s.report, "src/engine/cuda/forward.cu:2: CUDA launcher keel_cuda_stream_matmul"));
-    assert_non_null(strstr(s.report, "src/engine/cuda/forward.cu:3: a <<< launch outside src/kernels/cuda"));
+    assert_non_null(strstr(s.report, "src/engine/cuda/forward.c:2: CUDA launcher keel_cuda_stream_matmul"));
+    assert_non_null(strstr(s.report, "src/engine/cuda/forward.c:3: a <<< launch outside src/kernels/cuda"));
     char eng[] = "void h(void) {\n  keel_ecu_rmsnorm(x, n, &w, m, n, eps, y, NULL, n, st);\n}\n";
     scan_text(&s, "src/engine/cuda/engine_cuda.c", eng);
     assert_int_equal(s.unregistered, 3); /* an engine launcher is a launch site too */
@@ -351,8 +370,11 @@ static void test_cuda_entries_are_launchers_and_registered(void **state) {
     }
     const int n_stream = t.n;
     keel_contract_register_cuda_engine(&t);
-    for (int i = 0; keel_contract_cuda_engine_entries[i]; i++) {
-        const char *e = keel_contract_cuda_engine_entries[i];
+    keel_contract_register_cuda_attn(&t);
+    keel_contract_register_cuda_scan(&t);
+    for (int tb = 0; tb < 3; tb++)
+    for (int j = 0; s.engine_entries[tb][j]; j++) {
+        const char *e = s.engine_entries[tb][j];
         bool launcher = false;
         for (int l = 0; l < s.n_launchers; l++) launcher = launcher || strcmp(s.launchers[l], e) == 0;
         if (!launcher) fail_msg("keel_contract_cuda_engine_entries names %s, which launches no kernel", e);

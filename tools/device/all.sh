@@ -38,4 +38,6 @@ else
   TAILN=16 step bench_demo 60 $B/keel bench decode /tmp/demo --prompt-tokens 512 --tokens 128 --backend cuda
   TAILN=2 step synth_nano 200 $B/keel synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64
   TAILN=20 step bench_nano 120 $B/keel bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda
+  TAILN=6 step bench_nano_nographs 120 $B/keel bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda --graphs off
+  TAILN=20 step bench_nano_32k 150 $B/keel bench decode /tmp/nano --prompt-tokens 1000 --context 32768 --tokens 128 --backend cuda
 fi

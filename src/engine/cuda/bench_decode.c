@@ -11,9 +11,13 @@
 #endif
 
 static const char *const USAGE =
-    "usage: keel bench decode MODEL_DIR [--prompt-tokens P] [--tokens N] [--backend cpu|cuda] [--activations bf16|f32]\n"
+    "usage: keel bench decode MODEL_DIR [--prompt-tokens P] [--tokens N] [--context C] [--backend cpu|cuda]\n"
+    "                         [--activations bf16|f32] [--graphs on|off]\n"
     "  runs a P-token prompt (default 512) then N greedy decode steps (default 128) and reports prompt and decode\n"
-    "  tokens/s; on cuda also the time per token by kernel family (CUDA events, a second pass).\n";
+    "  tokens/s. On cuda also: the bandwidth floor (bytes one step reads over the read bandwidth measured in the same\n"
+    "  run) and its ratio to the measured time, and the time per token by kernel family (CUDA events, a second pass\n"
+    "  launch by launch). --context C (cuda) starts decoding at context C: the prompt sits at C - P after C - P\n"
+    "  positions of zero keys and values. --graphs off decodes launch by launch instead of replaying a CUDA graph.\n";
 
 static int fail(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "keel bench decode: ");
@@ -44,8 +48,8 @@ static int first_token_resets(void *user, int tok, int64_t pos) {
 
 int keel_engine_bench_decode(int argc, char **argv) {
     const char *dir = NULL;
-    int P = 512, N = 128, backend = -1;
-    bool f32 = false;
+    int P = 512, N = 128, backend = -1, C = 0;
+    bool f32 = false, graphs = true;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -60,6 +64,11 @@ int keel_engine_bench_decode(int argc, char **argv) {
             if (!parse_count(v, 1, 1 << 20, &P)) return fail("--prompt-tokens '%s': expected 1..1048576%s", v ? v : "", "");
         } else if (!strcmp(o, "--tokens")) {
             if (!parse_count(v, 2, 1 << 20, &N)) return fail("--tokens '%s': expected 2..1048576%s", v ? v : "", "");
+        } else if (!strcmp(o, "--context")) {
+            if (!parse_count(v, 1, 1 << 24, &C)) return fail("--context '%s': expected 1..16777216%s", v ? v : "", "");
+        } else if (!strcmp(o, "--graphs")) {
+            if (v && (!strcmp(v, "on") || !strcmp(v, "off"))) graphs = !strcmp(v, "on");
+            else return fail("--graphs '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--activations")) {
             if (v && (!strcmp(v, "bf16") || !strcmp(v, "f32"))) f32 = !strcmp(v, "f32");
             else return fail("--activations '%s': expected bf16 or f32%s", v ? v : "", "");
@@ -80,13 +89,16 @@ int keel_engine_bench_decode(int argc, char **argv) {
     backend = KEEL_BACKEND_CPU;
 #endif
     if (f32 && backend == KEEL_BACKEND_CPU) return fail("--activations f32 is a CUDA engine option%s%s", "", "");
+    if ((C || !graphs) && backend == KEEL_BACKEND_CPU) return fail("--context and --graphs are CUDA engine options%s%s", "", "");
+    if (C && C < P) return fail("--context must be at least --prompt-tokens%s%s", "", "");
+    const int start = C ? C - P : 0;
     keel_model m;
     keel_err err = {0};
     if (keel_model_load(&m, dir, "", &err) != KEEL_OK) {
         keel_model_free(&m);
         return fail("%s%s", err.msg, "");
     }
-    const int ctx = P + N + 1;
+    const int ctx = start + P + N + 1;
     int *prompt = keel_xmalloc((size_t)P * sizeof(int));
     uint64_t z = 0x9e3779b97f4a7c15ull;
     for (int i = 0; i < P; i++) {
@@ -110,11 +122,14 @@ int keel_engine_bench_decode(int argc, char **argv) {
     double ms[KEEL_CUF_N] = {0};
     long launches[KEEL_CUF_N] = {0};
     int prof_steps = 0;
+    double read_gbs = 0;
     if (backend == KEEL_BACKEND_CUDA) {
         keel_cuda_device_name(dev, sizeof dev);
+        read_gbs = keel_cuda_read_gbs();
         if (keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK ||
             keel_cuda_engine_set_activations(ce, f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK ||
-            keel_cuda_generate(ce, prompt, KEEL_MIN(P, 8), &o, NULL, NULL, &res, &err) != KEEL_OK || /* warm-up */
+            (keel_cuda_engine_set_graphs(ce, graphs), keel_cuda_engine_set_start(ce, start),
+             keel_cuda_generate(ce, prompt, KEEL_MIN(P, 8), &o, NULL, NULL, &res, &err)) != KEEL_OK || /* warm-up */
             keel_cuda_generate(ce, prompt, P, &o, NULL, NULL, &res, &err) != KEEL_OK) {
             rc = fail("%s%s", err.msg, "");
         } else {
@@ -135,14 +150,23 @@ int keel_engine_bench_decode(int argc, char **argv) {
                backend == KEEL_BACKEND_CUDA ? (f32 ? ", f32 activations" : ", bf16 activations") : "");
         printf("prompt: %d tokens in %.3f s: %.1f tokens/s\n", res.n_prompt, res.prompt_s,
                res.prompt_s > 0 ? res.n_prompt / res.prompt_s : 0.0);
-        printf("decode: %d tokens in %.3f s: %.2f tokens/s at batch 1 (%.3f ms/token)\n", res.n_gen, res.gen_s,
-               res.gen_s > 0 ? res.n_gen / res.gen_s : 0.0, res.n_gen ? 1e3 * res.gen_s / res.n_gen : 0.0);
+        printf("decode: %d tokens in %.3f s: %.2f tokens/s at batch 1 (%.3f ms/token)%s, context %d..%d\n", res.n_gen,
+               res.gen_s, res.gen_s > 0 ? res.n_gen / res.gen_s : 0.0, res.n_gen ? 1e3 * res.gen_s / res.n_gen : 0.0,
+               backend == KEEL_BACKEND_CUDA ? (graphs ? ", CUDA graph" : ", launch by launch") : "", start + P,
+               start + P + res.n_gen);
 #ifdef KEEL_HAVE_CUDA
+        if (backend == KEEL_BACKEND_CUDA && res.n_gen > 0 && read_gbs > 0) {
+            const double bytes = (double)keel_cuda_engine_step_bytes(ce, start + P + res.n_gen / 2);
+            const double floor_ms = bytes / (read_gbs * 1e9) * 1e3, ms = 1e3 * res.gen_s / res.n_gen;
+            printf("bandwidth floor: %.3f GB read per token (weights streamed, Mamba states, keys and values at the "
+                   "middle context) / %.0f GB/s measured read bandwidth = %.3f ms/token (%.0f tokens/s); measured "
+                   "time is %.2fx the floor\n", bytes / 1e9, read_gbs, floor_ms, 1e3 / floor_ms, ms / floor_ms);
+        }
         if (backend == KEEL_BACKEND_CUDA && prof_steps > 0) {
             double tot = 0;
             for (int f = 0; f < KEEL_CUF_N; f++) tot += ms[f];
-            printf("time per decoded token by kernel family (CUDA events, %d steps; events add some overhead):\n",
-                   prof_steps);
+            printf("time per decoded token by kernel family (CUDA events around each family, launch by launch, %d "
+                   "steps; the events and launch gaps add time a graph does not spend):\n", prof_steps);
             printf("  %-28s %10s %9s %7s\n", "family", "ms/token", "spans", "share");
             for (int f = 0; f < KEEL_CUF_N; f++)
                 printf("  %-28s %10.4f %9.1f %6.1f%%\n", keel_cuda_family_name((keel_cuda_family)f), ms[f] / prof_steps,

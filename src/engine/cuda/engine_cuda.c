@@ -14,7 +14,8 @@
 #include "../engine.h"
 #include "ecuda.h"
 
-#define WIN KEEL_CUDA_STREAM_MAX_ROWS
+#define WIN KEEL_CUDA_STREAM_MAX_ROWS /* rows of an exact window (each row's bits as alone) */
+#define ROWS 64                       /* rows of a prompt chunk (chunked Mamba scan; within bound of stepping) */
 #define PROF_PAIRS 4096
 #define MARGIN_BYTES ((size_t)512 << 20) /* CUDA context, stream-tile partials, allocator slack */
 
@@ -71,14 +72,27 @@ struct keel_cuda_engine {
         dattn attn;
         dmoe moe;
     } mtp;
+    void *st;      /* the engine's stream: every launch, copy and graph capture */
+    void *graph;   /* the captured one-token decode step, or NULL */
+    bool graphs;   /* decode steps replay the captured graph (on by default) */
+    bool warm;     /* one eager step has run: every launch's attributes and scratch are in place */
+    int start;     /* generate's first position (benchmarks of long-context decode; 0 normally) */
+    int prompt_rows; /* rows per chunk of generate's prompt (ROWS: the chunked scan; <= WIN: exact windows) */
+    keel_sampler_cfg graph_cfg; /* the draw the captured step ends with */
+    int *hpin;     /* (4) page-locked: the step's position and the next, the sampled token */
     /* device state and scratch */
     float *conv, *ssm, *kc, *vc, *mtp_k, *mtp_v;
     int *tok, *arg, *sel;
-    float *x, *xnf, *mix, *mix2, *proj, *xbc, *ymid, *router, *rweights, *scores, *logits, *hin, *catf;
+    int *dpos;     /* (4) the window's first position, the position after it, the MTP head's position */
+    float *kn, *vn;        /* (WIN, kvd) this window's k and v before they enter the cache */
+    float *ascratch;       /* attention's split-K partials */
+    void *sscratch;        /* the sampler's scratch */
+    float *x, *xnf, *mix, *mix2, *proj, *xbc, *ymid, *router, *rweights, *logits, *hin, *catf;
     float *midf, *hexpf, *yexp; /* fp32 activations mode */
     bool f32;                   /* activations into the matrices in fp32 (the fp32 matvec) instead of bf16 tiles */
     uint16_t *xnb, *midb, *hexp, *catb;
-    keel_cuda_route *items;
+    keel_cuda_route *items, *items1; /* routed items: per 8-row group's union; one row's own (the router's) */
+    float *rw1;                      /* (ROWS*K*8) the router's one-row weights */
     int wide, midw;
     /* profiling */
     bool prof;
@@ -109,12 +123,12 @@ static void fam_begin(keel_cuda_engine *e, int fam) {
     if (!e->prof) return;
     if (e->n_ev == PROF_PAIRS) prof_flush(e);
     e->ev_fam[e->n_ev] = fam;
-    keel_ecu_event_record(e->ev[2 * e->n_ev], NULL);
+    keel_ecu_event_record(e->ev[2 * e->n_ev], e->st);
 }
 
 static void fam_end(keel_cuda_engine *e) {
     if (!e->prof) return;
-    keel_ecu_event_record(e->ev[2 * e->n_ev + 1], NULL);
+    keel_ecu_event_record(e->ev[2 * e->n_ev + 1], e->st);
     e->n_ev++;
 }
 
@@ -249,30 +263,40 @@ static void layout(keel_cuda_engine *e, carve *c) {
     e->vc = take(c, (size_t)e->n_attn * ctx * kvd * fl);
     e->mtp_k = e->model->has_mtp ? take(c, ctx * kvd * fl) : NULL;
     e->mtp_v = e->model->has_mtp ? take(c, ctx * kvd * fl) : NULL;
-    e->tok = take(c, WIN * sizeof(int));
+    const size_t cap = KEEL_MIN(E, WIN * K), groups = ROWS / WIN;
+    e->tok = take(c, ROWS * sizeof(int));
+    e->dpos = take(c, 4 * sizeof(int));
+    e->kn = take(c, ROWS * kvd * fl);
+    e->vn = take(c, ROWS * kvd * fl);
+    size_t asz = 0; /* attention's scratch is not monotone in the row count: the largest over every window size */
+    for (int r = 1; r <= ROWS; r++)
+        asz = KEEL_MAX(asz, keel_ecu_attn_scratch_bytes(r, KEEL_MAX(g->n_head, 1), KEEL_MAX(g->head_dim, 1), (int)ctx));
+    e->ascratch = take(c, asz);
+    e->sscratch = take(c, keel_ecu_sample_scratch_bytes(g->vocab));
     e->arg = take(c, sizeof(int));
-    e->sel = take(c, WIN * K * sizeof(int));
-    e->x = take(c, WIN * H * fl);
-    e->xnf = take(c, WIN * H * fl);
-    e->xnb = take(c, WIN * H * bf);
-    e->mix = take(c, WIN * H * fl);
-    e->mix2 = take(c, WIN * H * fl);
-    e->hin = take(c, WIN * H * fl);
-    e->catf = take(c, WIN * 2 * H * fl);
-    e->catb = take(c, WIN * 2 * H * bf);
-    e->proj = take(c, WIN * (size_t)e->wide * fl);
-    e->xbc = take(c, WIN * (size_t)KEEL_MAX(g->conv_dim, 1) * fl);
-    e->ymid = take(c, WIN * (size_t)KEEL_MAX(g->d_inner, 1) * fl);
-    e->midb = take(c, WIN * (size_t)e->midw * bf);
-    e->hexp = take(c, K * (size_t)KEEL_MAX(g->moe_inter, 1) * bf);
-    e->midf = take(c, WIN * (size_t)e->midw * fl);
-    e->hexpf = take(c, WIN * K * (size_t)KEEL_MAX(g->moe_inter, 1) * fl);
-    e->yexp = take(c, WIN * K * H * fl);
-    e->router = take(c, WIN * E * fl);
-    e->items = take(c, WIN * K * sizeof(keel_cuda_route));
-    e->rweights = take(c, WIN * K * 8 * fl);
-    e->scores = take(c, WIN * (size_t)KEEL_MAX(g->n_head, 1) * ctx * fl);
-    e->logits = take(c, WIN * (size_t)g->vocab * fl);
+    e->sel = take(c, ROWS * K * sizeof(int));
+    e->x = take(c, ROWS * H * fl);
+    e->xnf = take(c, ROWS * H * fl);
+    e->xnb = take(c, ROWS * H * bf);
+    e->mix = take(c, ROWS * H * fl);
+    e->mix2 = take(c, ROWS * H * fl);
+    e->hin = take(c, ROWS * H * fl);
+    e->catf = take(c, ROWS * 2 * H * fl);
+    e->catb = take(c, ROWS * 2 * H * bf);
+    e->proj = take(c, ROWS * (size_t)e->wide * fl);
+    e->xbc = take(c, ROWS * (size_t)KEEL_MAX(g->conv_dim, 1) * fl);
+    e->ymid = take(c, ROWS * (size_t)KEEL_MAX(g->d_inner, 1) * fl);
+    e->midb = take(c, ROWS * (size_t)e->midw * bf);
+    e->hexp = take(c, cap * WIN * (size_t)KEEL_MAX(g->moe_inter, 1) * bf);
+    e->midf = take(c, ROWS * (size_t)e->midw * fl);
+    e->hexpf = take(c, ROWS * K * (size_t)KEEL_MAX(g->moe_inter, 1) * fl);
+    e->yexp = take(c, ROWS * K * H * fl);
+    e->router = take(c, ROWS * E * fl);
+    e->items1 = take(c, ROWS * K * sizeof(keel_cuda_route));
+    e->rw1 = take(c, ROWS * K * 8 * fl);
+    e->items = take(c, groups * cap * sizeof(keel_cuda_route));
+    e->rweights = take(c, groups * cap * 8 * fl);
+    e->logits = take(c, ROWS * (size_t)g->vocab * fl);
 }
 
 static double gib(size_t b) { return (double)b / (double)(1ull << 30); }
@@ -294,6 +318,7 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     e->cfg = g;
     e->max_ctx = max_ctx;
     e->window = WIN;
+    e->prompt_rows = ROWS;
     e->slot = keel_xcalloc((size_t)KEEL_MAX(g->n_layer, 1), sizeof(int));
     for (int l = 0; l < g->n_layer; l++)
         e->slot[l] = g->pattern[l] == KEEL_MIXER_MAMBA ? e->n_mamba++ : g->pattern[l] == KEEL_MIXER_ATTN ? e->n_attn++ : -1;
@@ -330,10 +355,13 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     }
     e->weight_bytes = wbytes;
     e->arena_bytes = c.off;
+    e->st = keel_ecu_stream_new();
+    e->hpin = keel_ecu_host_alloc(4 * sizeof(int));
+    e->graphs = true;
     size_t off = 0;
     for (int i = 0; i < e->n_reg; i++) {
         e->reg[i].dev = (uint8_t *)e->weights + off;
-        keel_ecu_upload(e->reg[i].dev, e->reg[i].host, e->reg[i].size, NULL);
+        keel_ecu_upload(e->reg[i].dev, e->reg[i].host, e->reg[i].size, e->st);
         off += (e->reg[i].size + 255u) & ~(size_t)255u;
     }
     c.base = e->arena;
@@ -370,14 +398,18 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
         bind_moe(e, &w->moe, &e->mtp.moe);
     }
     keel_cuda_engine_reset(e);
-    keel_ecu_sync(NULL);
+    keel_ecu_sync(e->st);
     *out = e;
     return KEEL_OK;
 }
 
 void keel_cuda_engine_free(keel_cuda_engine *e) {
     if (!e) return;
+    if (e->st) keel_ecu_sync(e->st);
+    keel_ecu_graph_free(e->graph);
     for (int i = 0; i < 2 * PROF_PAIRS; i++) keel_ecu_event_free(e->ev[i]);
+    keel_ecu_host_free(e->hpin);
+    keel_ecu_stream_free(e->st);
     keel_ecu_free(e->weights);
     keel_ecu_free(e->arena);
     free(e->layers);
@@ -389,20 +421,72 @@ void keel_cuda_engine_reset(keel_cuda_engine *e) {
     const keel_config *g = e->cfg;
     e->pos = 0;
     e->mtp_pos = 0;
-    keel_cuda_memset(e->conv, 0, (size_t)e->n_mamba * (size_t)KEEL_MAX(g->conv_kernel - 1, 0) * (size_t)g->conv_dim * sizeof(float));
-    keel_cuda_memset(e->ssm, 0, (size_t)e->n_mamba * (size_t)g->mamba_heads * (size_t)g->mamba_head_dim *
-                                    (size_t)g->ssm_state * sizeof(float));
+    keel_ecu_memset(e->conv, 0, (size_t)e->n_mamba * (size_t)KEEL_MAX(g->conv_kernel - 1, 0) * (size_t)g->conv_dim * sizeof(float), e->st);
+    keel_ecu_memset(e->ssm, 0, (size_t)e->n_mamba * (size_t)g->mamba_heads * (size_t)g->mamba_head_dim *
+                                    (size_t)g->ssm_state * sizeof(float), e->st);
 }
 
 int keel_cuda_engine_pos(const keel_cuda_engine *e) { return e->pos; }
 int keel_cuda_engine_max_ctx(const keel_cuda_engine *e) { return e->max_ctx; }
 size_t keel_cuda_engine_weight_bytes(const keel_cuda_engine *e) { return e->weight_bytes; }
-void keel_cuda_engine_set_window(keel_cuda_engine *e, int rows) { e->window = rows >= 1 && rows <= WIN ? rows : WIN; }
+void keel_cuda_engine_set_window(keel_cuda_engine *e, int rows) { e->window = rows >= 1 && rows <= ROWS ? rows : WIN; }
+void keel_cuda_engine_set_prompt_rows(keel_cuda_engine *e, int rows) {
+    e->prompt_rows = rows >= 1 && rows <= ROWS ? rows : ROWS;
+}
+
+/* The captured step holds the activation mode and the draw: a change of either captures again. */
+static void drop_graph(keel_cuda_engine *e) {
+    if (!e->graph) return;
+    keel_ecu_sync(e->st);
+    keel_ecu_graph_free(e->graph);
+    e->graph = NULL;
+}
+
+void keel_cuda_engine_set_start(keel_cuda_engine *e, int pos) { e->start = pos > 0 && pos < e->max_ctx ? pos : 0; }
+
+static size_t qw_bytes(const keel_cuda_qw *w) {
+    if (!w->w) return 0;
+    const size_t nk = (size_t)w->n * (size_t)w->k, ds = keel_dtype_size(w->sdt);
+    return w->bits == 0 ? nk * ds : nk * (size_t)w->bits / 8 + 2 * (size_t)w->n * (size_t)(w->k / w->group) * ds;
+}
+
+static size_t moe_bytes(const keel_config *g, const dmoe *w) {
+    return qw_bytes(&w->gate) + (size_t)g->top_k * (qw_bytes(&w->fc1) + qw_bytes(&w->fc2)) +
+           qw_bytes(&w->shared.up) + qw_bytes(&w->shared.down);
+}
+
+size_t keel_cuda_engine_step_bytes(const keel_cuda_engine *e, int ctx) {
+    const keel_config *g = e->cfg;
+    const size_t kvd = (size_t)g->n_kv_head * (size_t)g->head_dim;
+    size_t b = qw_bytes(&e->lm_head) + (size_t)g->hidden * 4;
+    for (int l = 0; l < g->n_layer; l++) {
+        const dlayer *L = &e->layers[l];
+        switch (L->kind) {
+        case KEEL_MIXER_MAMBA:
+            b += qw_bytes(&L->mamba.in_proj) + qw_bytes(&L->mamba.out_proj) +
+                 (size_t)g->mamba_heads * (size_t)g->mamba_head_dim * (size_t)g->ssm_state * sizeof(float);
+            break;
+        case KEEL_MIXER_ATTN:
+            b += qw_bytes(&L->attn.q) + qw_bytes(&L->attn.k) + qw_bytes(&L->attn.v) + qw_bytes(&L->attn.o) +
+                 2 * (size_t)ctx * kvd * sizeof(float);
+            break;
+        case KEEL_MIXER_MLP: b += qw_bytes(&L->mlp.up) + qw_bytes(&L->mlp.down); break;
+        case KEEL_MIXER_MOE: b += moe_bytes(g, &L->moe); break;
+        }
+    }
+    return b;
+}
+
+void keel_cuda_engine_set_graphs(keel_cuda_engine *e, bool on) {
+    if (!on) drop_graph(e);
+    e->graphs = on;
+}
 
 keel_code keel_cuda_engine_set_activations(keel_cuda_engine *e, keel_dtype dt, keel_err *err) {
     if (dt != KEEL_DT_BF16 && dt != KEEL_DT_F32)
         return keel_err_set(err, KEEL_E_ARG, "activations %s: the CUDA engine takes BF16 (stream tiles) or F32",
                             keel_dtype_name(dt));
+    if (e->f32 != (dt == KEEL_DT_F32)) drop_graph(e);
     e->f32 = dt == KEEL_DT_F32;
     return KEEL_OK;
 }
@@ -416,8 +500,11 @@ static void mm(keel_cuda_engine *e, int fam, const keel_cuda_qw *W, const float 
     fam_begin(e, fam);
     KEEL_ASSERT(!e->f32 || xf);
     if (W->bits == 0 || e->f32)
-        keel_ecu_matvec(W, xf ? (const void *)xf : (const void *)xb, xf ? KEEL_DT_F32 : KEEL_DT_BF16, m, y, ydt, epi, NULL);
-    else keel_cuda_stream_matmul(W, xb, KEEL_DT_BF16, m, y, ydt, epi, NULL);
+        keel_ecu_matvec(W, xf ? (const void *)xf : (const void *)xb, xf ? KEEL_DT_F32 : KEEL_DT_BF16, m, y, ydt, epi, e->st);
+    else
+        for (int r0 = 0; r0 < m; r0 += WIN) /* a prompt chunk in 8-row tiles: every row's bits as alone */
+            keel_cuda_stream_matmul(W, xb + (size_t)r0 * W->k, KEEL_DT_BF16, KEEL_MIN(WIN, m - r0),
+                                    (uint8_t *)y + (size_t)r0 * W->n * keel_dtype_size(ydt), ydt, epi, e->st);
     fam_end(e);
 }
 
@@ -426,31 +513,33 @@ static void mamba(keel_cuda_engine *e, const dmamba *w, int slot, int m) {
     const int DI = g->d_inner, CD = g->conv_dim, K = g->conv_kernel, PD = g->in_proj_dim;
     mm(e, KEEL_CUF_PROJ, &w->in_proj, e->xnf, e->xnb, m, e->proj, KEEL_DT_F32, KEEL_EPI_NONE);
     fam_begin(e, KEEL_CUF_MAMBA);
-    keel_ecu_add_bias(e->proj, m, PD, PD, &w->in_bias, NULL);
+    keel_ecu_add_bias(e->proj, m, PD, PD, &w->in_bias, e->st);
     float *win = e->conv + (size_t)slot * (size_t)KEEL_MAX(K - 1, 0) * (size_t)CD;
     float *st = e->ssm + (size_t)slot * (size_t)g->mamba_heads * (size_t)g->mamba_head_dim * (size_t)g->ssm_state;
-    keel_ecu_conv(e->proj, PD, DI, win, &w->conv_w, g->conv_bias ? &w->conv_b : NULL, K, CD, m, e->xbc, NULL);
-    keel_ecu_ssm(e->xbc, CD, e->proj, PD, DI + CD, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
-                 g->mamba_head_dim, g->ssm_state, g->n_groups, m, e->ymid, NULL);
+    keel_ecu_conv(e->proj, PD, DI, win, &w->conv_w, g->conv_bias ? &w->conv_b : NULL, K, CD, m, e->xbc, e->st);
+    if (m <= WIN) /* exact windows: the per-token step, whose bits a row alone gets too */
+        keel_ecu_ssm(e->xbc, CD, e->proj, PD, DI + CD, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
+                     g->mamba_head_dim, g->ssm_state, g->n_groups, m, e->ymid, e->st);
+    else /* prompt chunks: the chunked scan, within the gate-3 bound of stepping */
+        keel_ecu_ssm_chunked(e->xbc, CD, e->proj, PD, DI + CD, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
+                             g->mamba_head_dim, g->ssm_state, g->n_groups, m, e->ymid, e->st);
     keel_ecu_gate_norm(e->ymid, e->proj, PD, &w->norm, g->n_groups, DI, g->norm_eps, m, e->f32 ? NULL : e->midb,
-                       e->f32 ? e->midf : NULL, NULL);
+                       e->f32 ? e->midf : NULL, e->st);
     fam_end(e);
     mm(e, KEEL_CUF_PROJ, &w->out_proj, e->f32 ? e->midf : NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
 }
 
-static void attention(keel_cuda_engine *e, const dattn *w, float *kc, float *vc, int pos, int m) {
+/* Rows at the device position *dp: k and v (plus biases) enter the cache, then split-K attention over it. */
+static void attention(keel_cuda_engine *e, const dattn *w, float *kc, float *vc, const int *dp, int m) {
     const keel_config *g = e->cfg;
-    const int qd = g->n_head * g->head_dim, kvd = g->n_kv_head * g->head_dim;
-    float *k = kc + (size_t)pos * kvd, *v = vc + (size_t)pos * kvd;
+    const int kvd = g->n_kv_head * g->head_dim;
     mm(e, KEEL_CUF_PROJ, &w->q, e->xnf, e->xnb, m, e->proj, KEEL_DT_F32, KEEL_EPI_NONE);
-    mm(e, KEEL_CUF_PROJ, &w->k, e->xnf, e->xnb, m, k, KEEL_DT_F32, KEEL_EPI_NONE);
-    mm(e, KEEL_CUF_PROJ, &w->v, e->xnf, e->xnb, m, v, KEEL_DT_F32, KEEL_EPI_NONE);
+    mm(e, KEEL_CUF_PROJ, &w->k, e->xnf, e->xnb, m, e->kn, KEEL_DT_F32, KEEL_EPI_NONE);
+    mm(e, KEEL_CUF_PROJ, &w->v, e->xnf, e->xnb, m, e->vn, KEEL_DT_F32, KEEL_EPI_NONE);
     fam_begin(e, KEEL_CUF_ATTN);
-    keel_ecu_add_bias(e->proj, m, qd, qd, &w->qb, NULL);
-    keel_ecu_add_bias(k, m, kvd, kvd, &w->kb, NULL);
-    keel_ecu_add_bias(v, m, kvd, kvd, &w->vb, NULL);
-    keel_ecu_attention(e->proj, kc, vc, kvd, pos, m, g->n_head, g->n_kv_head, g->head_dim, e->scores, e->max_ctx,
-                       e->f32 ? NULL : e->midb, e->f32 ? e->midf : NULL, NULL);
+    keel_ecu_kv_append(e->kn, e->vn, &w->kb, &w->vb, kc, vc, kvd, dp, m, e->st);
+    keel_ecu_attn(e->proj, &w->qb, kc, vc, kvd, dp, m, g->n_head, g->n_kv_head, g->head_dim, e->max_ctx, e->ascratch,
+                  e->f32 ? NULL : e->midb, e->f32 ? e->midf : NULL, e->st);
     fam_end(e);
     mm(e, KEEL_CUF_PROJ, &w->o, e->f32 ? e->midf : NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
 }
@@ -469,22 +558,26 @@ static void mlp(keel_cuda_engine *e, const dmlp *w, int m, float *out) {
 static void moe(keel_cuda_engine *e, const dmoe *w, int m) {
     const keel_config *g = e->cfg;
     const int H = g->hidden, K = g->top_k, E = g->n_experts;
-    fam_begin(e, KEEL_CUF_ROUTER);
-    keel_ecu_matvec(&w->gate, e->xnf, KEEL_DT_F32, m, e->router, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
-    keel_ecu_route(e->router, &w->corr, E, K, g->n_group, g->topk_group, g->norm_topk_prob, g->routed_scaling, m,
-                   e->items, e->rweights, e->sel, NULL);
+    const int cap = KEEL_MIN(E, WIN * K);
+    fam_begin(e, KEEL_CUF_ROUTER); /* logits, top-k and the 8-row groups' unions in one launch */
+    keel_ecu_router(&w->gate, e->xnf, m, e->router, &w->corr, K, g->n_group, g->topk_group, g->norm_topk_prob,
+                    g->routed_scaling, e->items1, e->rw1, e->sel, cap, e->items, e->rweights, e->st);
     fam_end(e);
     fam_begin(e, KEEL_CUF_EXPERTS);
     if (e->f32) { /* every row's items in one launch: the fp32 matvec never splits k */
-        keel_ecu_matvec_routed(&w->fc1, e->xnf, false, m, e->sel, K, e->hexpf, KEEL_EPI_RELU2, NULL);
-        keel_ecu_matvec_routed(&w->fc2, e->hexpf, true, m, e->sel, K, e->yexp, KEEL_EPI_NONE, NULL);
-        keel_ecu_combine(e->yexp, e->rweights, m, K, H, e->mix, NULL);
-    }
-    for (int r = 0; r < m && !e->f32; r++) {
-        keel_cuda_stream_experts_up(&w->fc1, e->xnb + (size_t)r * H, KEEL_DT_BF16, 1, e->items + (size_t)r * K, K,
-                                    e->hexp, KEEL_DT_BF16, KEEL_EPI_RELU2, NULL);
-        keel_cuda_stream_experts_down(&w->fc2, e->hexp, KEEL_DT_BF16, 1, e->items + (size_t)r * K,
-                                      e->rweights + (size_t)r * K * 8, K, e->mix + (size_t)r * H, KEEL_DT_F32, NULL);
+        keel_ecu_matvec_routed(&w->fc1, e->xnf, false, m, e->sel, K, e->hexpf, KEEL_EPI_RELU2, e->st);
+        keel_ecu_matvec_routed(&w->fc2, e->hexpf, true, m, e->sel, K, e->yexp, KEEL_EPI_NONE, e->st);
+        keel_ecu_combine(e->yexp, e->rw1, m, K, H, e->mix, e->st);
+    } else { /* per 8-row group one launch over the union of its experts (ascending: a row meets its experts in the
+              * same order alone or in any window; the tiles' k-split depends on n and k only) */
+        for (int r0 = 0; r0 < m; r0 += WIN) {
+            const int mg = KEEL_MIN(WIN, m - r0), ni = KEEL_MIN(E, mg * K);
+            const keel_cuda_route *it = e->items + (size_t)(r0 / WIN) * cap;
+            keel_cuda_stream_experts_up(&w->fc1, e->xnb + (size_t)r0 * H, KEEL_DT_BF16, mg, it, ni, e->hexp,
+                                        KEEL_DT_BF16, KEEL_EPI_RELU2, e->st);
+            keel_cuda_stream_experts_down(&w->fc2, e->hexp, KEEL_DT_BF16, mg, it, e->rweights + (size_t)(r0 / WIN) * cap * 8,
+                                          ni, e->mix + (size_t)r0 * H, KEEL_DT_F32, e->st);
+        }
     }
     fam_end(e);
     if (g->n_shared > 0) mlp(e, &w->shared, m, e->mix2);
@@ -495,15 +588,16 @@ static const keel_ecu_vec *next_norm(const keel_cuda_engine *e, int l) {
 }
 
 /* One window of m rows from e->pos: leaves the hidden after norm_f in xnf (fp32) and xnb (bf16). */
-static void run_window(keel_cuda_engine *e, const int *tokens, int m) {
+/* One window of m rows whose tokens are in e->tok and whose first position is in e->dpos[0] (device memory, so a
+ * captured step replays at any position). Leaves the hidden after norm_f in xnf (fp32) and xnb (bf16). */
+static void run_window(keel_cuda_engine *e, int m) {
     const keel_config *g = e->cfg;
     const int H = g->hidden, kvd = g->n_kv_head * g->head_dim;
-    keel_ecu_upload(e->tok, tokens, (size_t)m * sizeof(int), NULL);
     fam_begin(e, KEEL_CUF_EMBED);
-    keel_ecu_embed(&e->embed, e->tok, m, e->x, NULL);
+    keel_ecu_embed(&e->embed, e->tok, m, e->x, e->st);
     fam_end(e);
     fam_begin(e, KEEL_CUF_NORM);
-    keel_ecu_rmsnorm(e->x, H, g->n_layer ? &e->layers[0].norm : &e->norm_f, m, H, g->norm_eps, e->xnf, e->xnb, H, NULL);
+    keel_ecu_rmsnorm(e->x, H, g->n_layer ? &e->layers[0].norm : &e->norm_f, m, H, g->norm_eps, e->xnf, e->xnb, H, e->st);
     fam_end(e);
     for (int l = 0; l < g->n_layer; l++) {
         const dlayer *L = &e->layers[l];
@@ -516,7 +610,7 @@ static void run_window(keel_cuda_engine *e, const int *tokens, int m) {
             break;
         case KEEL_MIXER_ATTN: {
             const size_t at = (size_t)e->slot[l] * (size_t)e->max_ctx * (size_t)kvd;
-            attention(e, &L->attn, e->kc + at, e->vc + at, e->pos, m);
+            attention(e, &L->attn, e->kc + at, e->vc + at, e->dpos, m);
             bias = &L->attn.ob;
             break;
         }
@@ -527,10 +621,16 @@ static void run_window(keel_cuda_engine *e, const int *tokens, int m) {
             break;
         }
         fam_begin(e, KEEL_CUF_NORM);
-        keel_ecu_add_rmsnorm(e->x, e->mix, b, bias, next_norm(e, l), m, H, g->norm_eps, e->xnf, e->xnb, NULL);
+        keel_ecu_add_rmsnorm(e->x, e->mix, b, bias, next_norm(e, l), m, H, g->norm_eps, e->xnf, e->xnb, e->st);
         fam_end(e);
     }
-    e->pos += m;
+}
+
+/* Queues the window's tokens and positions (from pageable memory: the copy is staged before this returns). */
+static void put_window(keel_cuda_engine *e, const int *tokens, int m) {
+    const int pos[2] = {e->pos, e->pos + m};
+    keel_ecu_upload(e->tok, tokens, (size_t)m * sizeof(int), e->st);
+    keel_ecu_upload(e->dpos, pos, sizeof pos, e->st);
 }
 
 static keel_code check_tokens(const keel_cuda_engine *e, const int *t, int n, int at, const char *what, keel_err *err) {
@@ -548,25 +648,27 @@ static keel_code check_tokens(const keel_cuda_engine *e, const int *t, int n, in
 
 /* The forward; with dev_last, the last row's logits stay in e->logits (row 0) and are not downloaded. */
 static keel_code forward(keel_cuda_engine *e, const int *tokens, int n, float *logits, keel_logits_mode mode,
-                         float *hidden, bool dev_last, keel_err *err) {
+                         float *hidden, bool dev_last, int rows, keel_err *err) {
     const keel_config *g = e->cfg;
     const int H = g->hidden, V = g->vocab;
     keel_code rc = check_tokens(e, tokens, n, e->pos, "forward", err);
     if (rc) return rc;
-    for (int c0 = 0; c0 < n; c0 += e->window) {
-        const int m = KEEL_MIN(e->window, n - c0);
-        run_window(e, tokens + c0, m);
-        if (hidden) keel_ecu_download(hidden + (size_t)c0 * H, e->xnf, (size_t)m * H * sizeof(float), NULL);
+    for (int c0 = 0; c0 < n; c0 += rows) {
+        const int m = KEEL_MIN(rows, n - c0);
+        put_window(e, tokens + c0, m);
+        run_window(e, m);
+        e->pos += m;
+        if (hidden) keel_ecu_download(hidden + (size_t)c0 * H, e->xnf, (size_t)m * H * sizeof(float), e->st);
         if (mode == KEEL_LOGITS_ALL) {
             mm(e, KEEL_CUF_LM_HEAD, &e->lm_head, e->xnf, e->xnb, m, e->logits, KEEL_DT_F32, KEEL_EPI_NONE);
-            keel_ecu_download(logits + (size_t)c0 * V, e->logits, (size_t)m * V * sizeof(float), NULL);
+            keel_ecu_download(logits + (size_t)c0 * V, e->logits, (size_t)m * V * sizeof(float), e->st);
         } else if (mode == KEEL_LOGITS_LAST && c0 + m == n) {
             mm(e, KEEL_CUF_LM_HEAD, &e->lm_head, e->xnf + (size_t)(m - 1) * H, e->xnb + (size_t)(m - 1) * H, 1,
                e->logits, KEEL_DT_F32, KEEL_EPI_NONE);
-            if (!dev_last) keel_ecu_download(logits, e->logits, (size_t)V * sizeof(float), NULL);
+            if (!dev_last) keel_ecu_download(logits, e->logits, (size_t)V * sizeof(float), e->st);
         }
     }
-    if (!dev_last) keel_ecu_sync(NULL);
+    if (!dev_last) keel_ecu_sync(e->st);
     if (e->prof) prof_flush(e);
     return KEEL_OK;
 }
@@ -574,7 +676,7 @@ static keel_code forward(keel_cuda_engine *e, const int *tokens, int n, float *l
 keel_code keel_cuda_engine_forward(keel_cuda_engine *e, const int *tokens, int n, float *logits,
                                    keel_logits_mode mode, float *hidden, keel_err *err) {
     KEEL_ASSERT(e && tokens && (mode == KEEL_LOGITS_NONE || logits));
-    return forward(e, tokens, n, logits, mode, hidden, false, err);
+    return forward(e, tokens, n, logits, mode, hidden, false, e->window, err);
 }
 
 keel_code keel_cuda_engine_mtp(keel_cuda_engine *e, const float *h, const int *next, int n, float *logits,
@@ -588,36 +690,37 @@ keel_code keel_cuda_engine_mtp(keel_cuda_engine *e, const float *h, const int *n
     if (rc) return rc;
     for (int c0 = 0; c0 < n; c0 += e->window) {
         const int m = KEEL_MIN(e->window, n - c0);
-        keel_ecu_upload(e->tok, next + c0, (size_t)m * sizeof(int), NULL);
-        keel_ecu_upload(e->hin, h + (size_t)c0 * H, (size_t)m * H * sizeof(float), NULL);
+        keel_ecu_upload(e->tok, next + c0, (size_t)m * sizeof(int), e->st);
+        keel_ecu_upload(e->dpos + 2, &e->mtp_pos, sizeof(int), e->st);
+        keel_ecu_upload(e->hin, h + (size_t)c0 * H, (size_t)m * H * sizeof(float), e->st);
         fam_begin(e, KEEL_CUF_EMBED);
-        keel_ecu_embed(&e->embed, e->tok, m, e->x, NULL);
+        keel_ecu_embed(&e->embed, e->tok, m, e->x, e->st);
         fam_end(e);
         fam_begin(e, KEEL_CUF_NORM);
-        keel_ecu_rmsnorm(e->x, H, &e->mtp.enorm, m, H, g->norm_eps, e->catf, e->catb, 2 * H, NULL);
-        keel_ecu_rmsnorm(e->hin, H, &e->mtp.hnorm, m, H, g->norm_eps, e->catf + H, e->catb + H, 2 * H, NULL);
+        keel_ecu_rmsnorm(e->x, H, &e->mtp.enorm, m, H, g->norm_eps, e->catf, e->catb, 2 * H, e->st);
+        keel_ecu_rmsnorm(e->hin, H, &e->mtp.hnorm, m, H, g->norm_eps, e->catf + H, e->catb + H, 2 * H, e->st);
         fam_end(e);
         mm(e, KEEL_CUF_PROJ, &e->mtp.eh_proj, e->catf, e->catb, m, e->x, KEEL_DT_F32, KEEL_EPI_NONE);
         fam_begin(e, KEEL_CUF_NORM);
-        keel_ecu_rmsnorm(e->x, H, &e->mtp.norm0, m, H, g->norm_eps, e->xnf, e->xnb, H, NULL);
+        keel_ecu_rmsnorm(e->x, H, &e->mtp.norm0, m, H, g->norm_eps, e->xnf, e->xnb, H, e->st);
         fam_end(e);
-        attention(e, &e->mtp.attn, e->mtp_k, e->mtp_v, e->mtp_pos, m);
+        attention(e, &e->mtp.attn, e->mtp_k, e->mtp_v, e->dpos + 2, m);
         fam_begin(e, KEEL_CUF_NORM);
-        keel_ecu_add_rmsnorm(e->x, e->mix, NULL, &e->mtp.attn.ob, &e->mtp.norm1, m, H, g->norm_eps, e->xnf, e->xnb, NULL);
+        keel_ecu_add_rmsnorm(e->x, e->mix, NULL, &e->mtp.attn.ob, &e->mtp.norm1, m, H, g->norm_eps, e->xnf, e->xnb, e->st);
         fam_end(e);
         moe(e, &e->mtp.moe, m);
         fam_begin(e, KEEL_CUF_NORM);
         keel_ecu_add_rmsnorm(e->x, e->mix, g->n_shared > 0 ? e->mix2 : NULL, NULL, &e->mtp.final_norm, m, H,
-                             g->norm_eps, e->xnf, e->xnb, NULL);
+                             g->norm_eps, e->xnf, e->xnb, e->st);
         fam_end(e);
         e->mtp_pos += m;
-        if (out_hidden) keel_ecu_download(out_hidden + (size_t)c0 * H, e->xnf, (size_t)m * H * sizeof(float), NULL);
+        if (out_hidden) keel_ecu_download(out_hidden + (size_t)c0 * H, e->xnf, (size_t)m * H * sizeof(float), e->st);
         if (logits) {
             mm(e, KEEL_CUF_LM_HEAD, &e->lm_head, e->xnf, e->xnb, m, e->logits, KEEL_DT_F32, KEEL_EPI_NONE);
-            keel_ecu_download(logits + (size_t)c0 * V, e->logits, (size_t)m * V * sizeof(float), NULL);
+            keel_ecu_download(logits + (size_t)c0 * V, e->logits, (size_t)m * V * sizeof(float), e->st);
         }
     }
-    keel_ecu_sync(NULL);
+    keel_ecu_sync(e->st);
     if (e->prof) prof_flush(e);
     return KEEL_OK;
 }
@@ -630,20 +733,53 @@ static bool is_eos(const int *eos, int n_eos, int tok) {
     return false;
 }
 
-/* The token at pos from the last logits in e->logits: argmax on the device, or the seeded sampler on the host. */
-static int pick(keel_cuda_engine *e, keel_sampler *s, float *host_logits, int64_t pos) {
-    int tok = 0;
+/* Queues the draw from the logits in e->logits (row 0) into e->tok[0] at the position in e->dpos[1] (argmax, or the
+ * seeded sampler: the same token the CPU engine draws), and its copy to the page-locked e->hpin[2]. */
+static void queue_draw(keel_cuda_engine *e, const keel_sampler_cfg *c) {
+    const int V = e->cfg->vocab;
     fam_begin(e, KEEL_CUF_SAMPLE);
-    if (!(s->c.temp > 0.0f)) {
-        keel_ecu_argmax(e->logits, e->cfg->vocab, e->arg, NULL);
-        fam_end(e);
-        keel_ecu_download(&tok, e->arg, sizeof tok, NULL);
-    } else {
-        fam_end(e);
-        keel_ecu_download(host_logits, e->logits, (size_t)e->cfg->vocab * sizeof(float), NULL);
-        tok = keel_sampler_sample(s, host_logits, pos);
+    if (!(c->temp > 0.0f)) keel_ecu_argmax(e->logits, V, e->tok, e->st);
+    else keel_ecu_sample(e->logits, V, c->temp, c->top_k, c->top_p, c->min_p, c->seed, e->dpos + 1, e->tok, e->sscratch, e->st);
+    fam_end(e);
+    keel_ecu_download_async(e->hpin + 2, e->tok, sizeof(int), e->st);
+}
+
+/* One decode step: the token in e->tok[0] at the position in e->hpin[0] (copied to the device by the step itself),
+ * through the model and lm_head, ending with the next draw queued. Everything it queues can be captured. */
+static void queue_step(keel_cuda_engine *e, const keel_sampler_cfg *c) {
+    keel_ecu_upload(e->dpos, e->hpin, 2 * sizeof(int), e->st);
+    run_window(e, 1);
+    mm(e, KEEL_CUF_LM_HEAD, &e->lm_head, e->xnf, e->xnb, 1, e->logits, KEEL_DT_F32, KEEL_EPI_NONE);
+    queue_draw(e, c);
+}
+
+static bool same_draw(const keel_sampler_cfg *a, const keel_sampler_cfg *b) {
+    if (!(a->temp > 0.0f) && !(b->temp > 0.0f)) return true;
+    return a->temp == b->temp && a->top_k == b->top_k && a->top_p == b->top_p && a->min_p == b->min_p &&
+           a->seed == b->seed;
+}
+
+/* Runs one decode step (replaying the captured graph when graphs are on; the first eager step warms every launch
+ * so that the capture allocates nothing) and returns the drawn token. */
+static keel_code step(keel_cuda_engine *e, const keel_sampler_cfg *c, int *tok, keel_err *err) {
+    e->hpin[0] = e->pos;
+    e->hpin[1] = e->pos + 1;
+    const bool use = e->graphs && !e->prof;
+    if (use && e->graph && !same_draw(&e->graph_cfg, c)) drop_graph(e);
+    if (use && !e->graph && e->warm) {
+        char why[256];
+        if (!keel_ecu_capture_begin(e->st, why, sizeof why)) return keel_err_set(err, KEEL_E_DEVICE, "%s", why);
+        queue_step(e, c);
+        if (!keel_ecu_capture_end(e->st, &e->graph, why, sizeof why)) return keel_err_set(err, KEEL_E_DEVICE, "%s", why);
+        e->graph_cfg = *c;
     }
-    return tok;
+    if (use && e->graph) keel_ecu_graph_launch(e->graph, e->st);
+    else queue_step(e, c);
+    e->warm = true;
+    keel_ecu_sync(e->st);
+    *tok = e->hpin[2];
+    e->pos += 1;
+    return KEEL_OK;
 }
 
 keel_code keel_cuda_generate(keel_cuda_engine *e, const int *prompt, int n_prompt, const keel_gen_opts *o,
@@ -651,19 +787,26 @@ keel_code keel_cuda_generate(keel_cuda_engine *e, const int *prompt, int n_promp
     KEEL_ASSERT(e && o && res);
     memset(res, 0, sizeof *res);
     if (n_prompt < 1) return keel_err_set(err, KEEL_E_ARG, "the prompt is empty: at least one token is needed");
-    if (n_prompt > e->max_ctx)
-        return keel_err_set(err, KEEL_E_RANGE, "the prompt has %d tokens, longer than the context of %d tokens",
-                            n_prompt, e->max_ctx);
+    if ((int64_t)e->start + n_prompt > e->max_ctx)
+        return keel_err_set(err, KEEL_E_RANGE, "the prompt has %d tokens (from position %d), longer than the context "
+                            "of %d tokens", n_prompt, e->start, e->max_ctx);
     const int *eos = o->eos ? o->eos : e->cfg->eos_ids;
     const int n_eos = o->eos ? o->n_eos : e->cfg->n_eos;
     keel_cuda_engine_reset(e);
-    float *logits = malloc((size_t)e->cfg->vocab * sizeof(float));
-    if (!logits) return keel_err_set(err, KEEL_E_NOMEM, "generate: cannot allocate %d logits", e->cfg->vocab);
-    keel_sampler s;
-    keel_sampler_init(&s, &o->samp, e->cfg->vocab);
+    if (e->start > 0) { /* the positions before the prompt hold zero keys and values */
+        const size_t kvd = (size_t)e->cfg->n_kv_head * (size_t)e->cfg->head_dim;
+        keel_ecu_memset(e->kc, 0, (size_t)e->n_attn * (size_t)e->max_ctx * kvd * sizeof(float), e->st);
+        keel_ecu_memset(e->vc, 0, (size_t)e->n_attn * (size_t)e->max_ctx * kvd * sizeof(float), e->st);
+        e->pos = e->start;
+    }
     double t0 = keel_now();
-    keel_code rc = forward(e, prompt, n_prompt, NULL, KEEL_LOGITS_LAST, NULL, true, err);
-    keel_ecu_sync(NULL);
+    keel_code rc = forward(e, prompt, n_prompt, NULL, KEEL_LOGITS_LAST, NULL, true, e->prompt_rows, err);
+    int tok = 0;
+    if (rc == KEEL_OK) { /* the first draw, from the prompt's last logits */
+        queue_draw(e, &o->samp);
+        keel_ecu_sync(e->st);
+        tok = e->hpin[2];
+    }
     res->n_prompt = n_prompt;
     double t1 = keel_now();
     res->prompt_s = t1 - t0;
@@ -677,7 +820,6 @@ keel_code keel_cuda_generate(keel_cuda_engine *e, const int *prompt, int n_promp
             res->stop = KEEL_STOP_CONTEXT;
             break;
         }
-        const int tok = pick(e, &s, logits, pos);
         if (is_eos(eos, n_eos, tok)) {
             res->stop = KEEL_STOP_EOS;
             res->stop_token = tok;
@@ -696,13 +838,11 @@ keel_code keel_cuda_generate(keel_cuda_engine *e, const int *prompt, int n_promp
             res->stop = KEEL_STOP_CONTEXT;
             break;
         }
-        rc = forward(e, &tok, 1, NULL, KEEL_LOGITS_LAST, NULL, true, err);
+        rc = step(e, &o->samp, &tok, err);
     }
-    keel_ecu_sync(NULL);
+    keel_ecu_sync(e->st);
     if (e->prof) prof_flush(e);
     res->gen_s = keel_now() - t1;
-    keel_sampler_free(&s);
-    free(logits);
     return rc;
 }
 

@@ -81,6 +81,14 @@ static void test_teacher_forced(void **state) {
     float *cl = malloc((size_t)n * V * sizeof(float));
     assert_int_equal(keel_engine_forward(&ce, f->tokens, n, cl, KEEL_LOGITS_ALL, NULL, &err), KEEL_OK);
     within_bound("teacher-forced logits vs CPU engine", &f->model, lg, cl, f->hidden, n, 2 * c->n_layer + 1);
+    /* prompt chunks (the chunked Mamba scan, the whole window's attention tile): the same bound and top-1 */
+    keel_cuda_engine_reset(e);
+    keel_cuda_engine_set_window(e, 64);
+    assert_int_equal(keel_cuda_engine_forward(e, f->tokens, n, lg, KEEL_LOGITS_ALL, hd, &err), KEEL_OK);
+    within_bound("teacher-forced logits, 64-row prompt chunks, vs reference", &f->model, lg, f->logits, f->hidden, n,
+                 2 * c->n_layer + 1);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(keel_argmax(lg + (size_t)i * V, V), keel_argmax(f->logits + (size_t)i * V, V));
     keel_engine_free(&ce);
     free(cl);
     free(lg);
@@ -166,6 +174,37 @@ static void test_greedy(void **state) {
     for (int i = 0; i < a.n && i < b.n; i++) same += a.ids[i] == b.ids[i];
     print_message("seeded sampling: replay identical; %d of %d tokens equal to the CPU engine's draws\n", same, a.n);
     keel_engine_free(&ce);
+    keel_cuda_engine_free(e);
+}
+
+/* Decode steps replayed from the captured CUDA graph give the tokens of launch-by-launch steps, greedy and seeded,
+ * also after the draw changes (a new capture) and in fp32 activations mode. */
+static void test_graphs_same_tokens(void **state) {
+    fx *f = *state;
+    keel_cuda_engine *e = NULL;
+    keel_err err = {0};
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, 128, &err), KEEL_OK);
+    const keel_gen_opts opts[3] = {
+        {.n_predict = 40, .samp = {.temp = 0.0f}},
+        {.n_predict = 40, .samp = {.temp = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 11}},
+        {.n_predict = 40, .samp = {.temp = 1.3f, .min_p = 0.02f, .seed = 12}},
+    };
+    for (int f32 = 0; f32 < 2; f32++) {
+        assert_int_equal(keel_cuda_engine_set_activations(e, f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err), KEEL_OK);
+        for (int i = 0; i < 3; i++) {
+            collect on = {0}, off = {0};
+            keel_gen_result r1, r2;
+            keel_cuda_engine_set_graphs(e, true);
+            assert_int_equal(keel_cuda_generate(e, f->tokens, f->prompt_len, &opts[i], on_token, &on, &r1, &err), KEEL_OK);
+            keel_cuda_engine_set_graphs(e, false);
+            assert_int_equal(keel_cuda_generate(e, f->tokens, f->prompt_len, &opts[i], on_token, &off, &r2, &err), KEEL_OK);
+            assert_int_equal(on.n, 40);
+            assert_int_equal(on.n, off.n);
+            assert_memory_equal(on.ids, off.ids, sizeof on.ids);
+            assert_memory_equal(on.pos, off.pos, sizeof on.pos);
+        }
+    }
+    print_message("graphs on and off: the same 40 tokens for greedy and two seeded draws, bf16 and f32 activations\n");
     keel_cuda_engine_free(e);
 }
 
@@ -283,7 +322,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_teacher_forced), cmocka_unit_test(test_windows_bit_identical),
-        cmocka_unit_test(test_greedy),         cmocka_unit_test(test_mtp),
+        cmocka_unit_test(test_greedy),         cmocka_unit_test(test_graphs_same_tokens), cmocka_unit_test(test_mtp),
         cmocka_unit_test(test_f32_activations), cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, tk_ref_setup, tk_ref_teardown);
