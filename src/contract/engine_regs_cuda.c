@@ -216,10 +216,11 @@ static void generate(ecase *c, uint64_t seed, int dist) {
         for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, floor(runif(&r) * 65.0) / 16.0 - 2.0);
         for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, floor(runif(&r) * 3.0) / 8.0 - 0.125);
         break;
-    case K_ROUTER: /* logits of order one whatever the distribution (saturated sigmoids would tie in fp32 only) */
-        for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, rnorm(&r));
-        for (size_t j = 0; j < c->b[2].n; j++) hset(&c->b[2], j, (dist ? 2.0 : 1.0) * rnorm(&r) / sqrt((double)c->k));
-        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, 0.1 * rnorm(&r));
+    case K_ROUTER: /* gate in {-1, 0, 1}/4 and x on a grid of 1/16 (1/32): every logit exact in fp32, so the float64
+                    * router of the kernel's logits sees the values the kernel compares; correction bias on 1/8 */
+        for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, (floor(runif(&r) * 3.0) - 1.0) * 0.25);
+        for (size_t j = 0; j < c->b[2].n; j++) hset(&c->b[2], j, (floor(runif(&r) * 33.0) - 16.0) / (dist ? 32.0 : 16.0));
+        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, floor(runif(&r) * 3.0) / 8.0 - 0.125);
         break;
     case K_UNION: /* each row's k experts distinct, as the router picks them */
         for (int row = 0; row < c->m; row++) {

@@ -80,6 +80,44 @@ __device__ __forceinline__ uint64_t key_weight(uint64_t key, float lmax, float s
     return keel_samp_w(keel_samp_y(l, lmax, scale), sh.t1, sh.t2);
 }
 
+constexpr uint32_t kNone = 0xffffffffu; /* no bucket: the lane has no candidate this round */
+
+/* Adds (1, w) to bucket d of (hc, hs) for each lane whose d is not kNone. On CUDA the lanes of a warp that share a
+ * bucket add once (match, then exact 32-bit reductions of w's low 21 and high 22 bits), so crowded buckets do not
+ * serialize; the sums are integers, the same in any grouping. Every lane of the warp calls it. */
+__device__ __forceinline__ void hist_add(uint32_t *hc, unsigned long long *hs, uint32_t d, uint64_t w) {
+#if defined(__HIPCC__)
+    if (d != kNone) atomicAdd(&hc[d], 1u), atomicAdd(&hs[d], (unsigned long long)w);
+#else
+    const unsigned mask = __match_any_sync(KP_FULL_MASK, d);
+    const unsigned lo = __reduce_add_sync(mask, (unsigned)(w & 0x1fffffu));
+    const unsigned hi = __reduce_add_sync(mask, (unsigned)(w >> 21));
+    if (d != kNone && (int)(threadIdx.x & 31u) == __ffs(mask) - 1) {
+        atomicAdd(&hc[d], (unsigned)__popc(mask));
+        atomicAdd(&hs[d], ((unsigned long long)hi << 21) + lo);
+    }
+#endif
+}
+
+__device__ __forceinline__ uint32_t lane_ballot(bool p) {
+#if defined(__HIPCC__)
+    return (uint32_t)__ballot(p);
+#else
+    return __ballot_sync(KP_FULL_MASK, p);
+#endif
+}
+
+/* Appends key to list for each lane with take, one atomic on the count a warp. Every lane of the warp calls it. */
+__device__ __forceinline__ void list_append(uint64_t *list, uint32_t *n, bool take, uint64_t key) {
+    const uint32_t b = lane_ballot(take);
+    if (!b) return;
+    const int lane = (int)(threadIdx.x & 31u), lead = __ffs((int)b) - 1;
+    uint32_t base = 0;
+    if (lane == lead) base = atomicAdd(n, (uint32_t)__popc((int)b));
+    base = kp_shfl(base, lead);
+    if (take) list[base + (uint32_t)__popc((int)(b & ((1u << lane) - 1u)))] = key;
+}
+
 __device__ __forceinline__ unsigned long long shfl_u64(unsigned long long v, int src) {
     const uint32_t lo = kp_shfl((uint32_t)v, src), hi = kp_shfl((uint32_t)(v >> 32), src);
     return (unsigned long long)hi << 32 | lo;
@@ -153,13 +191,12 @@ __device__ Found select(const float *logits, int V, float lmax, float scale, boo
     for (int i = (int)threadIdx.x; i < kSampBuckets; i += kSampThreads) sh.hc[i] = 0, sh.hs[i] = 0;
     if (threadIdx.x == 0) sh.n = 0;
     __syncthreads();
-    for (int i = (int)threadIdx.x; i < V; i += kSampThreads) { /* the bucket's candidates, the next digit counted */
-        uint64_t key, w;
-        if (!cand_of(logits, i, lmax, scale, sh, &key, &w) || digit(key, 0) != b) continue;
-        la[atomicAdd(&sh.n, 1u)] = key;
-        const uint32_t d = digit(key, 1);
-        atomicAdd(&sh.hc[d], 1u);
-        atomicAdd(&sh.hs[d], (unsigned long long)w);
+    for (int base = 0; base < V; base += kSampThreads) { /* the bucket's candidates, the next digit counted */
+        const int i = base + (int)threadIdx.x;
+        uint64_t key = 0, w = 0;
+        const bool take = i < V && cand_of(logits, i, lmax, scale, sh, &key, &w) && digit(key, 0) == b;
+        list_append(la, &sh.n, take, key);
+        hist_add(sh.hc, sh.hs, take ? digit(key, 1) : kNone, take ? w : 0u);
     }
     __syncthreads();
     uint32_t n = sh.n;
@@ -173,15 +210,13 @@ __device__ Found select(const float *logits, int V, float lmax, float scale, boo
         for (int i = (int)threadIdx.x; i < kSampBuckets; i += kSampThreads) sh.hc[i] = 0, sh.hs[i] = 0;
         if (threadIdx.x == 0) sh.n = 0;
         __syncthreads();
-        for (uint32_t i = threadIdx.x; i < n; i += kSampThreads) {
-            const uint64_t key = src[i];
-            if (digit(key, lvl) != b) continue;
-            dst[atomicAdd(&sh.n, 1u)] = key;
-            if (lvl < 4) {
-                const uint32_t d = digit(key, lvl + 1);
-                atomicAdd(&sh.hc[d], 1u);
-                atomicAdd(&sh.hs[d], (unsigned long long)key_weight(key, lmax, scale, sh));
-            }
+        for (uint32_t base = 0; base < n; base += kSampThreads) {
+            const uint32_t i = base + threadIdx.x;
+            const uint64_t key = i < n ? src[i] : 0u;
+            const bool take = i < n && digit(key, lvl) == b;
+            list_append(dst, &sh.n, take, key);
+            if (lvl < 4)
+                hist_add(sh.hc, sh.hs, take ? digit(key, lvl + 1) : kNone, take ? key_weight(key, lmax, scale, sh) : 0u);
         }
         __syncthreads();
         n = sh.n;
@@ -241,14 +276,14 @@ __global__ void __launch_bounds__(kSampThreads) sample_kernel(const float *logit
     __syncthreads();
     uint32_t npos = 0, nthr = 0, top = 0xffffffffu;
     unsigned long long wall = 0;
-    for (int i = tid; i < V; i += kSampThreads) { /* the top digit's histogram, the counts and the total */
-        uint64_t key, w;
-        if (!cand_of(logits, i, lmax, scale, sh, &key, &w)) continue;
-        const uint32_t d = digit(key, 0);
-        atomicAdd(&sh.hc[d], 1u);
-        atomicAdd(&sh.hs[d], (unsigned long long)w);
+    for (int base = 0; base < V; base += kSampThreads) { /* the top digit's histogram, the counts and the total */
+        const int i = base + tid;
+        uint64_t key = 0, w = 0;
+        const bool c = i < V && cand_of(logits, i, lmax, scale, sh, &key, &w);
+        hist_add(sh.hc, sh.hs, c ? digit(key, 0) : kNone, w);
+        if (!c) continue;
         npos++, nthr += w >= thr, wall += w;
-        if (w == (1ull << KEEL_SAMP_S) && logits[i] == lmax) top = min(top, (uint32_t)key);
+        if (logits[i] == lmax) top = min(top, (uint32_t)key);
     }
     if (npos) atomicAdd(&sh.npos, npos), atomicAdd(&sh.nthr, nthr), atomicAdd(&sh.wall, wall);
     if (top != 0xffffffffu) atomicMin(&sh.top_id, top);
