@@ -1,11 +1,12 @@
 /* engine/cuda: the seeded sampler on the GPU, drawing the CPU sampler's token (src/engine/sample.c) for the same
  * logits, configuration, seed and position: the same integer weights (src/engine/sample_fixed.h, whose three float
  * steps are written with explicit rounding) and the same cuts, located without sorting. One block of 1024
- * threads: a pass for the largest logit, a pass for a histogram of the order keys' top 11 bits (candidate counts
- * and exact 64-bit weight sums, by integer atomics, so the order of arrival does not matter), then each query
- * (the element at a rank, or the first element whose inclusive weight sum exceeds a target) narrows down to one
- * key by radix select: the bucket holding the target is found by an exact prefix sum, its elements compacted to
- * scratch with the next digit's histogram, and so on down to the id bits. The position is read from device memory
+ * threads: a pass for the largest logit, a pass for a histogram of Y >> 7 (Y: the weight's exponent in 1/4096
+ * octaves, which never falls along the order; candidate counts and exact 64-bit weight sums by integer atomics, so
+ * the order of arrival does not matter), then each query (the element at a rank, or the first element whose
+ * inclusive weight sum exceeds a target) narrows down to one key by radix select: the bucket holding the target is
+ * found by an exact prefix sum, its elements compacted to scratch with the next digit's histogram, then the order
+ * key's digits in turn down to the id bits. The position is read from device memory
  * so a captured graph replays it; nothing is allocated and nothing waits on the host. */
 #include <string.h>
 
@@ -33,6 +34,8 @@ namespace {
 constexpr int kSampThreads = 1024;
 constexpr int kSampBuckets = 2048;     /* 11-bit digits */
 constexpr uint32_t kIdMask = 0x1fffffu; /* ids below KEEL_SAMP_VMAX = 2^21 */
+constexpr int kTopShift = 7;            /* the top level's buckets: Y >> 7 < YCAP >> 7 = 1376 */
+static_assert((KEEL_SAMP_YCAP >> kTopShift) <= kSampBuckets, "the top level's buckets fit the histogram");
 constexpr int kPlantTies = 1, kPlantPastEnd = 2; /* the twin's faults (KEEL_SCAN_PLANT_*, src/contract/twin_scan.h) */
 
 /* The digits of a key (order key << 32 | id), most significant first: the logit's 32 bits in 11 + 11 + 10, the
@@ -64,12 +67,16 @@ __device__ __forceinline__ uint32_t id_code(uint32_t i) {
     return KEEL_SCAN_PLANTED(kPlantTies) ? kIdMask - i : i;
 }
 
-/* Candidate i as (key, weight > 0); false for NaN and for weight 0 (which never stays). */
+/* Candidate i as (key, weight > 0, the top bucket Y >> 7 of its weight's exponent); false for NaN and for weight 0
+ * (which never stays). Y never falls along the order, so the buckets cut the order into consecutive runs, and
+ * they spread a crowded logit range over many buckets where the key's top bits would not. */
 __device__ __forceinline__ bool cand_of(const float *logits, int i, float lmax, float scale, const SampShared &sh,
-                                        uint64_t *key, uint64_t *w) {
+                                        uint64_t *key, uint64_t *w, uint32_t *top) {
     const float l = logits[i];
     if (l != l) return false;
-    *w = keel_samp_w(keel_samp_y(l, lmax, scale), sh.t1, sh.t2);
+    const uint32_t y = keel_samp_y(l, lmax, scale);
+    *w = keel_samp_w(y, sh.t1, sh.t2);
+    *top = y >> kTopShift;
     if (!*w) return false;
     *key = (uint64_t)keel_samp_okey(l) << 32 | id_code((uint32_t)i);
     return true;
@@ -82,21 +89,9 @@ __device__ __forceinline__ uint64_t key_weight(uint64_t key, float lmax, float s
 
 constexpr uint32_t kNone = 0xffffffffu; /* no bucket: the lane has no candidate this round */
 
-/* Adds (1, w) to bucket d of (hc, hs) for each lane whose d is not kNone. On CUDA the lanes of a warp that share a
- * bucket add once (match, then exact 32-bit reductions of w's low 21 and high 22 bits), so crowded buckets do not
- * serialize; the sums are integers, the same in any grouping. Every lane of the warp calls it. */
+/* Adds (1, w) to bucket d of (hc, hs) unless d is kNone (integer atomics: the same sums in any order). */
 __device__ __forceinline__ void hist_add(uint32_t *hc, unsigned long long *hs, uint32_t d, uint64_t w) {
-#if defined(__HIPCC__)
     if (d != kNone) atomicAdd(&hc[d], 1u), atomicAdd(&hs[d], (unsigned long long)w);
-#else
-    const unsigned mask = __match_any_sync(KP_FULL_MASK, d);
-    const unsigned lo = __reduce_add_sync(mask, (unsigned)(w & 0x1fffffu));
-    const unsigned hi = __reduce_add_sync(mask, (unsigned)(w >> 21));
-    if (d != kNone && (int)(threadIdx.x & 31u) == __ffs(mask) - 1) {
-        atomicAdd(&hc[d], (unsigned)__popc(mask));
-        atomicAdd(&hs[d], ((unsigned long long)hi << 21) + lo);
-    }
-#endif
 }
 
 __device__ __forceinline__ uint32_t lane_ballot(bool p) {
@@ -179,7 +174,7 @@ struct Found {
 };
 
 /* The candidate at rank `target` (by count) or the first whose inclusive weight sum exceeds `target` (by weight);
- * the target must lie within the candidates. h0c/h0s: the top digit's histogram; la, lb: scratch lists. */
+ * the target must lie within the candidates. h0c/h0s: the top level's histogram; la, lb: scratch lists. */
 __device__ Found select(const float *logits, int V, float lmax, float scale, bool by_weight, unsigned long long target,
                         const uint32_t *h0c, const unsigned long long *h0s, uint64_t *la, uint64_t *lb,
                         SampShared &sh) {
@@ -191,17 +186,18 @@ __device__ Found select(const float *logits, int V, float lmax, float scale, boo
     for (int i = (int)threadIdx.x; i < kSampBuckets; i += kSampThreads) sh.hc[i] = 0, sh.hs[i] = 0;
     if (threadIdx.x == 0) sh.n = 0;
     __syncthreads();
-    for (int base = 0; base < V; base += kSampThreads) { /* the bucket's candidates, the next digit counted */
+    for (int base = 0; base < V; base += kSampThreads) { /* the bucket's candidates, the key's first digit counted */
         const int i = base + (int)threadIdx.x;
         uint64_t key = 0, w = 0;
-        const bool take = i < V && cand_of(logits, i, lmax, scale, sh, &key, &w) && digit(key, 0) == b;
+        uint32_t yb = 0;
+        const bool take = i < V && cand_of(logits, i, lmax, scale, sh, &key, &w, &yb) && yb == b;
         list_append(la, &sh.n, take, key);
-        hist_add(sh.hc, sh.hs, take ? digit(key, 1) : kNone, take ? w : 0u);
+        hist_add(sh.hc, sh.hs, take ? digit(key, 0) : kNone, take ? w : 0u);
     }
     __syncthreads();
     uint32_t n = sh.n;
     uint64_t *src = la, *dst = lb;
-    for (int lvl = 1; n > 1 && lvl <= 4; lvl++) {
+    for (int lvl = 0; n > 1 && lvl <= 4; lvl++) {
         find_bucket(sh.hc, sh.hs, by_weight, target, sh);
         b = sh.bucket;
         f.rank += sh.bcnt, f.before += sh.bsum;
@@ -276,11 +272,12 @@ __global__ void __launch_bounds__(kSampThreads) sample_kernel(const float *logit
     __syncthreads();
     uint32_t npos = 0, nthr = 0, top = 0xffffffffu;
     unsigned long long wall = 0;
-    for (int base = 0; base < V; base += kSampThreads) { /* the top digit's histogram, the counts and the total */
+    for (int base = 0; base < V; base += kSampThreads) { /* the top level's histogram, the counts, the total */
         const int i = base + tid;
         uint64_t key = 0, w = 0;
-        const bool c = i < V && cand_of(logits, i, lmax, scale, sh, &key, &w);
-        hist_add(sh.hc, sh.hs, c ? digit(key, 0) : kNone, w);
+        uint32_t yb = 0;
+        const bool c = i < V && cand_of(logits, i, lmax, scale, sh, &key, &w, &yb);
+        hist_add(sh.hc, sh.hs, c ? yb : kNone, w);
         if (!c) continue;
         npos++, nthr += w >= thr, wall += w;
         if (logits[i] == lmax) top = min(top, (uint32_t)key);

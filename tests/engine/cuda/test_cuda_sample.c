@@ -114,17 +114,16 @@ static void test_graph_replay(void **state) {
     free(l);
 }
 
-/* Microseconds a draw at vocabulary 131072 (logits of a typical spread), by configuration; printed. */
+/* Microseconds a draw at vocabulary 131072, by configuration, for logits of spread 3 (most tokens keep a weight)
+ * and of spread 64 (few do); printed. */
 static void test_time(void **state) {
     (void)state;
     enum { VV = 131072, REP = 200 };
     sc_rng r = {4};
     float *l = malloc(VV * sizeof(float));
-    sc_logits(&r, l, VV, 0);
     float *dl = dev_alloc(VV * sizeof(float));
     int *dpos = dev_alloc(sizeof(int)), *dout = dev_alloc(sizeof(int)), zero = 0;
     void *scr = dev_alloc(keel_ecu_sample_scratch_bytes(VV));
-    keel_ecu_upload(dl, l, VV * sizeof(float), NULL);
     keel_ecu_upload(dpos, &zero, sizeof zero, NULL);
     const struct {
         const char *name;
@@ -134,14 +133,15 @@ static void test_time(void **state) {
              {"temp 0.8 top-p 0.95 min-p 0.05", {.temp = 0.8f, .top_p = 0.95f, .min_p = 0.05f}},
              {"temp 0.7 top-k 40 top-p 0.9", {.temp = 0.7f, .top_k = 40, .top_p = 0.9f}}};
     void *e0 = keel_ecu_event_new(), *e1 = keel_ecu_event_new();
-    for (size_t k = 0; k < sizeof C / sizeof C[0]; k++) {
-        const keel_sampler_cfg *c = &C[k].c;
+    for (size_t k = 0; k < 2 * sizeof C / sizeof C[0]; k++) {
+        const keel_sampler_cfg *c = &C[k % 4].c;
+        if (k % 4 == 0) sc_logits(&r, l, VV, k ? 2 : 0), keel_ecu_upload(dl, l, VV * sizeof(float), NULL);
         keel_ecu_sample(dl, VV, c->temp, c->top_k, c->top_p, c->min_p, 1, dpos, dout, scr, NULL);
         keel_ecu_event_record(e0, NULL);
         for (int i = 0; i < REP; i++) keel_ecu_sample(dl, VV, c->temp, c->top_k, c->top_p, c->min_p, 1, dpos, dout, scr, NULL);
         keel_ecu_event_record(e1, NULL);
         const double us = 1000.0 * keel_ecu_event_ms(e0, e1) / REP;
-        print_message("keel_ecu_sample V %d %s: %.1f us\n", VV, C[k].name, us);
+        print_message("keel_ecu_sample V %d spread %d %s: %.1f us\n", VV, k < 4 ? 3 : 64, C[k % 4].name, us);
         assert_true(us > 0.0);
     }
     keel_ecu_event_free(e0), keel_ecu_event_free(e1);
