@@ -189,9 +189,9 @@ keel_code keel_audit_records_load(keel_audit_records *r, const char *dir, keel_e
 
 /* ---- launch declarations ------------------------------------------------------------------------------- */
 
-/* Block and dynamic shared memory as stream.cu launches them (kThreads; smem_bytes<B>()); min_blocks is the
- * second __launch_bounds__ argument (min_blocks_100k where stream.cu lowers it for 100 KB chips). The live
- * check compares dsmem with the attribute the launch set. */
+/* Block and dynamic shared memory as stream.cu launches them (kThreads; smem_bytes<B>() = 64 KB); min_blocks is
+ * the smallest second __launch_bounds__ argument of the chips with 164+ KB of shared memory (sm_80's 2; sm_90/100
+ * declare 3), min_blocks_100k the 100 KB chips' 1. The live check compares dsmem with the attribute the launch set. */
 #define KA_STREAM(B, X, DS, MB, MBS) {"stream_tile<" #B "," #X ">", "src/kernels/cuda/stream.cu", 128, DS, MB, MBS, false}
 static const keel_audit_kernel kernels[] = {
     KA_STREAM(2, false, 65536, 2, 1), KA_STREAM(3, false, 65536, 2, 1), KA_STREAM(4, false, 65536, 2, 1),

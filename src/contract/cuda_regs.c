@@ -2,6 +2,8 @@
  * kernel keel launches (src/kernels/cuda/cuda.h):
  *   keel_cuda_stream_matmul: width {2,3,4,5,6,8} x group {32,64,128} x scale dtype {BF16,F16,F32} x activation
  *     {BF16,F16} x output {F32,BF16} x epilogue {none,relu2}; each serves m = 1..8 and is run at every m;
+ *   keel_cuda_stream_matmul_rows (up to 256 rows in 8-row groups): every width, group 64, BF16 scales, both
+ *     activations, both outputs, both epilogues, run at m = 1..20 (three groups, the last partial) on a split k;
  *   keel_cuda_relu2: F32 and BF16;
  *   keel_cuda_stream_experts_up (fused relu2, and plain) and keel_cuda_stream_experts_down: every width and group,
  *     BF16 scales, both activations and outputs, with what they replace (cuda_routed.c runs their gates).
@@ -19,9 +21,14 @@
 /* Launch entry points the CUDA table registers (checked against launch sites in every build). */
 const char *const keel_contract_cuda_entries[] = {"keel_cuda_stream_matmul", "keel_cuda_relu2",
                                                   "keel_cuda_stream_experts_up", "keel_cuda_stream_experts_down",
-                                                  NULL};
+                                                  "keel_cuda_stream_matmul_rows", NULL};
 
 #if defined(KEEL_HAVE_CUDA)
+
+/* The twin's many-row launcher (twin_cuda_stream.cu; same contract as keel_cuda_stream_matmul_rows). */
+void keel_contract_twin_cuda_stream_matmul_rows(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y,
+                                                keel_dtype ydt, keel_epilogue epi, void *stream);
+static const char ROWS_ENTRY[] = "keel_cuda_stream_matmul_rows";
 
 static bool cuda_sync(char *why, size_t cap) { return keel_contract_cuda_sync(why, cap); }
 
@@ -62,6 +69,10 @@ static void launch_stream(const keel_contract_reg *reg, const keel_contract_args
     const keel_cuda_qw w = qw_of(reg, a);
     keel_cuda_stream_matmul(&w, a->x, reg->xdt, a->m, a->y, reg->ydt, reg->epi, NULL);
 }
+static void launch_rows(const keel_contract_reg *reg, const keel_contract_args *a) {
+    const keel_cuda_qw w = qw_of(reg, a);
+    keel_cuda_stream_matmul_rows(&w, a->x, reg->xdt, a->m, a->y, reg->ydt, reg->epi, NULL);
+}
 static void launch_relu2(const keel_contract_reg *reg, const keel_contract_args *a) {
     keel_cuda_relu2(a->y, reg->ydt, a->count, NULL);
 }
@@ -82,7 +93,10 @@ static void twin_launch(int fault, const keel_contract_reg *reg, const keel_cont
     const keel_cuda_qw w = qw_of(reg, a);
     switch (reg->family) {
     case KEEL_CF_STREAM:
-        keel_contract_twin_cuda_stream_matmul(&w, a->x, reg->xdt, a->m, a->y, reg->ydt, reg->epi, NULL);
+        if (!strcmp(reg->entry, ROWS_ENTRY))
+            keel_contract_twin_cuda_stream_matmul_rows(&w, a->x, reg->xdt, a->m, a->y, reg->ydt, reg->epi, NULL);
+        else
+            keel_contract_twin_cuda_stream_matmul(&w, a->x, reg->xdt, a->m, a->y, reg->ydt, reg->epi, NULL);
         break;
     case KEEL_CF_RELU2: keel_contract_twin_cuda_relu2(a->y, reg->ydt, a->count, NULL); break;
     case KEEL_CF_ROUTED_UP:
@@ -211,6 +225,32 @@ int keel_contract_register_cuda(keel_contract_table *t) {
                                 r->same_order = r->ydt == KEEL_DT_F32;
                             }
                         }
+    /* Many-row launches: group 64, BF16 scales (the tile's code is the plain one's; what is new is the 8-row
+     * groups as grid items, which gate 4 holds to row independence). Up to 8 rows it is the plain launch. */
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(BITS); bi++)
+        for (size_t xi = 0; xi < KEEL_ARRAY_LEN(XDTS); xi++)
+            for (size_t yi = 0; yi < KEEL_ARRAY_LEN(YDTS); yi++)
+                for (int e = 0; e < 2; e++) {
+                    const keel_epilogue epi = e ? KEEL_EPI_RELU2 : KEEL_EPI_NONE;
+                    keel_contract_reg *r = add_tile(t, KEEL_CF_STREAM, BITS[bi], 64, KEEL_DT_BF16, XDTS[xi], YDTS[yi], epi);
+                    r->entry = ROWS_ENTRY;
+                    r->launch = launch_rows;
+                    r->rows_max = KEEL_CUDA_STREAM_ROWS_MAX;
+                    stream_name(r->name, sizeof r->name, "rows", r->bits, r->group, r->sdt, r->xdt, r->ydt, epi);
+                    /* one group; three 8-row groups (the last partial) over a split k past a 64-row block; the
+                     * plain tile's k-split shape (the fused sequence runs there, at m <= 8) */
+                    r->n_shapes = 0;
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 1, .k = 64, .m_lo = 1, .m_hi = 1};
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 67, .k = 1152, .m_lo = 1, .m_hi = 20};
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 9, .k = KSPLIT_K, .m_lo = 1, .m_hi = 8};
+                    if (epi == KEEL_EPI_RELU2) { /* the plain tile of the same variant, then relu2 */
+                        r->n_replaces = 2;
+                        stream_name(r->replaces[0], sizeof r->replaces[0], "stream", r->bits, r->group, r->sdt,
+                                    r->xdt, r->ydt, KEEL_EPI_NONE);
+                        snprintf(r->replaces[1], sizeof r->replaces[1], "cuda/elementwise/relu2/%s", dt_tag(r->ydt));
+                        r->same_order = r->ydt == KEEL_DT_F32;
+                    }
+                }
     /* Routed tiles: BF16 scales (the scale load is the plain tile's code, covered above for every dtype). */
     for (size_t bi = 0; bi < KEEL_ARRAY_LEN(BITS); bi++)
         for (size_t gi = 0; gi < KEEL_ARRAY_LEN(GROUPS); gi++)

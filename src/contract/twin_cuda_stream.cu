@@ -9,6 +9,8 @@
 #define keel_cuda_stream_experts_down keel_contract_twin_cuda_stream_experts_down
 #define keel_cuda_relu2 keel_contract_twin_cuda_relu2
 #define keel_cuda_stream_splits keel_contract_twin_cuda_stream_splits
+#define keel_cuda_stream_matmul_rows keel_contract_twin_cuda_stream_matmul_rows
+#define keel_cuda_stream_tune keel_contract_twin_cuda_stream_tune
 
 #include <stdio.h>
 
@@ -30,8 +32,8 @@ __device__ int g_plant; /* the armed fault (KEEL_CONTRACT_PLANT_*) */
 /* Fused relu2: the bias term added to the running sum before the scale term (same roundings, another order). */
 #define KEEL_PLANT_GROUP_END(acc, s, S, bi, xsum, epi)                                                        \
     (g_plant == KEEL_CONTRACT_PLANT_EPIORDER && (epi) == KEEL_EPI_RELU2                                        \
-         ? __fadd_rn(__fmaf_rn(bi, xsum, acc), __fmul_rn(s, S))                                                \
-         : __fadd_rn(acc, __fmaf_rn(bi, xsum, __fmul_rn(s, S))))
+         ? __fmaf_rn(s, S, __fmaf_rn(bi, xsum, acc))                                                           \
+         : __fmaf_rn(bi, xsum, __fmaf_rn(s, S, acc)))
 #define KEEL_PLANT_ROWS(acc, bf16) plant_rows(acc, bf16, P.splits) /* P: the tile's Params where it expands */
 #define KEEL_PLANT_STORE(y, i, v, bf16, last)                                                                 \
     do {                                                                                                       \

@@ -185,10 +185,82 @@ extern "C" const void *keel_cuda_bench_kernel_fn(const char *symbol) {
     return NULL;
 }
 
+/* Blocks of each 4-bit/8-bit tile an SM holds (after a launch has set the tile's shared-memory attribute). */
+static void print_occupancy(void) {
+    printf("blocks per SM:");
+    for (int bits : {2, 3, 4, 5, 6, 8}) {
+        char sym[48];
+        snprintf(sym, sizeof sym, "stream_tile<%d,false>", bits);
+        int nb = 0;
+        const void *fn = keel_cuda_kernel_fn(sym);
+        if (fn && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, 128, 65536) == cudaSuccess)
+            printf(" %d-bit %d", bits, nb);
+        else
+            cudaGetLastError();
+    }
+    printf("\n");
+}
+
+/* The scheduling knobs (keel_cuda_stream_tune) on the large shapes: us per launch for each (L2 256-byte blocks,
+ * ring depth cap), and the tile with its arithmetic left out (memory alone) or its weight copies left out
+ * (arithmetic alone). Returns the knobs fastest on 4-bit lm_head at m = 1, which the table then uses. */
+static void sweep(void *x, float *y, int best_cfg[2]) {
+    const int cfg[][3] = {{1, 8, 0}, {0, 8, 0}, {1, 3, 0}, {0, 3, 0}, {1, 2, 0}, {0, 2, 0}, {1, 8, 1}, {1, 8, 2}};
+    const int ncfg = (int)(sizeof cfg / sizeof cfg[0]);
+    printf("sweep: us per launch at (L2 256-byte blocks, ring depth cap, diag: 1 memory alone, 2 arithmetic alone)\n"
+           "%-14s %2s %2s", "shape", "b", "m");
+    for (int c = 0; c < ncfg; c++) printf("   (%d,%d,%d)", cfg[c][0], cfg[c][1], cfg[c][2]);
+    printf("\n");
+    const Shape shapes[] = {{"lm_head", 131072, 2688}, {"square16k", 16384, 16384}};
+    for (const Shape &sh : shapes)
+        for (int bits : {2, 3, 4, 5, 8}) {
+            Packed P;
+            P.make(sh.n, sh.k, bits, 64, 1, kRotateBytes);
+            const size_t copies = P.w.size();
+            for (int m : {1, 8}) {
+                printf("%-14s %2d %2d", sh.name, bits, m);
+                double best = 1e30;
+                for (int c = 0; c < ncfg; c++) {
+                    keel_cuda_stream_tune(cfg[c][0], cfg[c][1]);
+                    keel_cuda_stream_diag(cfg[c][2]);
+                    double us = median_us(5, [&](int i) {
+                        keel_cuda_stream_matmul(&P.w[i % copies], x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE,
+                                                NULL);
+                    });
+                    if (!cfg[c][2] && us < best) {
+                        best = us;
+                        if (bits == 4 && m == 1 && sh.n == 131072) best_cfg[0] = cfg[c][0], best_cfg[1] = cfg[c][1];
+                    }
+                    printf(" %10.2f", us);
+                }
+                const double bytes = (double)P.bytes + (double)m * sh.k * 2 + (double)m * sh.n * 4;
+                printf("   best %.1f%% of read\n", 100.0 * bytes / best / 1e3 / g_read_gbs);
+                fflush(stdout);
+            }
+        }
+    keel_cuda_stream_diag(0);
+}
+
 extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
-    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
-    if (argc > 1 && !quick) {
-        fprintf(stderr, "keel bench stream: unknown option '%s' (expected --quick)\n", argv[1]);
+    bool quick = false, do_sweep = false, table = true;
+    int tune_l2 = -1, tune_st = -1;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--quick")) {
+            quick = true;
+        } else if (!strcmp(argv[a], "--sweep")) {
+            do_sweep = true;
+        } else if (!strcmp(argv[a], "--sweep-only")) {
+            do_sweep = true, table = false;
+        } else if (!strcmp(argv[a], "--tune") && a + 1 < argc && sscanf(argv[a + 1], "%d,%d", &tune_l2, &tune_st) == 2) {
+            a++;
+        } else {
+            fprintf(stderr, "keel bench stream: unknown option '%s' (expected --quick, --sweep, --sweep-only, "
+                            "--tune L2BLOCK,STAGES)\n", argv[a]);
+            return 2;
+        }
+    }
+    if (tune_l2 >= 0 && !keel_cuda_stream_tune(tune_l2, tune_st)) {
+        fprintf(stderr, "keel bench stream: --tune %d,%d out of range (0..1, 2..8)\n", tune_l2, tune_st);
         return 2;
     }
     if (keel_cuda_device_count() < 1) {
@@ -216,6 +288,25 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         keel_cuda_free(o);
     }
     printf("device: %s\nread bandwidth (plain streaming read, 4 GiB): %.0f GB/s\n", dev, g_read_gbs);
+    void *x = keel_cuda_malloc((size_t)8 * 16384 * 2);
+    fill(x, (size_t)8 * 16384 * 2, 3u, 2);
+    float *y = (float *)keel_cuda_malloc((size_t)8 * 131072 * 4);
+    if (do_sweep) {
+        int best[2] = {-1, -1};
+        sweep(x, y, best);
+        print_occupancy();
+        if (tune_l2 < 0) tune_l2 = best[0], tune_st = best[1];
+        keel_cuda_stream_tune(tune_l2, tune_st); /* the sweep's best, or the --tune values */
+        printf("table knobs: L2 256-byte blocks %d, ring depth cap %d\n", tune_l2, tune_st);
+    }
+    if (!table) {
+        keel_cuda_free(x);
+        keel_cuda_free(y);
+#if defined(KEEL_BENCH_CUBLAS)
+        cublasDestroy(g_blas);
+#endif
+        return 0;
+    }
     printf("bytes per launch = packed words + scales + biases + x + y; medians of CUDA-event times\n\n");
     printf("%-14s %2s %4s %2s %10s %9s %7s %10s %8s\n", "shape", "b", "grp", "m", "us", "GB/s", "%read", "cublas_us",
            "vs_cublas");
@@ -226,9 +317,6 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
                             {"shared_down", 2688, 3712}};
     const int bits_list[] = {2, 3, 4, 5, 6, 8};
     const int ms[] = {1, 8};
-    void *x = keel_cuda_malloc((size_t)8 * 16384 * 2);
-    fill(x, (size_t)8 * 16384 * 2, 3u, 2);
-    float *y = (float *)keel_cuda_malloc((size_t)8 * 131072 * 4);
     int reps = quick ? 5 : 20;
 
     for (const Shape &s : shapes) {
@@ -311,6 +399,35 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         keel_cuda_free(items);
         keel_cuda_free(wts);
     }
+    /* the prompt path: many rows in one launch (8-row groups as grid items) against cuBLAS bf16 */
+    {
+        const Shape rs[] = {{"in_proj", 10304, 2688}, {"square16k", 16384, 16384}};
+        void *xr = keel_cuda_malloc((size_t)256 * 16384 * 2);
+        fill(xr, (size_t)256 * 16384 * 2, 5u, 2);
+        float *yr = (float *)keel_cuda_malloc((size_t)256 * 16384 * 4);
+        for (const Shape &s : rs)
+            for (int m : {64, 256}) {
+                if (quick && m == 64) continue;
+                Packed P;
+                P.make(s.n, s.k, 4, 64, 1, kRotateBytes);
+                const size_t copies = P.w.size();
+                double us = median_us(reps, [&](int i) {
+                    keel_cuda_stream_matmul_rows(&P.w[i % copies], xr, KEEL_DT_BF16, m, yr, KEEL_DT_F32,
+                                                 KEEL_EPI_NONE, NULL);
+                });
+                char nm[32];
+                snprintf(nm, sizeof nm, "rows:%s", s.name);
+                row(nm, 4, 64, m, us, (double)P.bytes + (double)m * s.k * 2 + (double)m * s.n * 4,
+                    cublas_us(s.n, s.k, m, xr, yr));
+            }
+        keel_cuda_free(xr);
+        keel_cuda_free(yr);
+    }
+    printf("k-split per shape:");
+    for (const Shape &s : shapes) printf(" %s %d", s.name, keel_cuda_stream_splits(s.n, s.k, 1));
+    printf(" experts_fc1 %d experts_fc2 %d\n", keel_cuda_stream_splits(1856, 2688, 1),
+           keel_cuda_stream_splits(2688, 1856, 1));
+    print_occupancy();
     keel_cuda_free(x);
     keel_cuda_free(y);
 #if defined(KEEL_BENCH_CUBLAS)

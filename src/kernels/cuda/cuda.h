@@ -35,6 +35,7 @@ void keel_cuda_sync(void);
  * caller's invariants (checked by KEEL_ASSERT): bits 2..8 valid, group 32/64/128, k % group == 0. ---- */
 
 #define KEEL_CUDA_STREAM_MAX_ROWS 8
+#define KEEL_CUDA_STREAM_ROWS_MAX 256 /* keel_cuda_stream_matmul_rows: rows in one launch */
 
 /* A packed matrix on the device, or a stack of E experts (E, n, k) with the given strides between experts. */
 typedef struct keel_cuda_qw {
@@ -68,8 +69,21 @@ void keel_cuda_stream_experts_up(const keel_cuda_qw *W1, const void *x, keel_dty
 void keel_cuda_stream_experts_down(const keel_cuda_qw *W2, const void *h, keel_dtype hdt, int m,
                                    const keel_cuda_route *items, const float *weights, int n_items, void *y,
                                    keel_dtype ydt, void *stream);
-/* The k-split a launch of this shape uses (1 = none); it depends on n, k and the device, never on m. */
+/* Up to KEEL_CUDA_STREAM_ROWS_MAX rows in one launch (the prompt path): x (m, k), y (m, n) as above; the rows go
+ * in groups of 8 (grid items), and every row's bits equal its 1-row keel_cuda_stream_matmul. */
+void keel_cuda_stream_matmul_rows(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y,
+                                  keel_dtype ydt, keel_epilogue epi, void *stream);
+/* The k-split a launch of this shape uses (1 = none). It depends on n, k and the device's SM count only: never on
+ * m nor on n_items (kept for callers; ignored), so a routed launch rounds every item as a launch of one would. */
 int keel_cuda_stream_splits(int n, int k, int n_items);
+/* Benchmark knobs of the stream tiles (scheduling only, never the arithmetic): whether the weight copies ask L2 for
+ * whole 256-byte blocks (0 or 1), and the cap on the shared-memory ring's depth (2..8); (-1, -1) restores the
+ * defaults, the measured best (docs/stream-tiles.md). False, and nothing changed, when out of range. */
+bool keel_cuda_stream_tune(int l2_block, int max_stages);
+/* Benchmark diagnosis only (`keel bench stream --sweep`): 1 leaves the tiles' arithmetic out (the memory pipeline
+ * alone), 2 their weight copies (the arithmetic alone, on stale shared memory); outputs are wrong while it is set.
+ * 0 (the default) restores the tiles. */
+void keel_cuda_stream_diag(int mode);
 
 /* `keel bench stream`: the stream tiles against the chip's read bandwidth and cuBLAS (src/kernels/cuda). */
 int keel_cuda_bench_stream(int argc, char **argv);

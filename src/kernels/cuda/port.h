@@ -47,6 +47,7 @@
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define cudaFuncSetAttribute(f, a, v) hipFuncSetAttribute((const void *)(f), a, v)
 #define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #if defined(__AMDGCN_WAVEFRONT_SIZE)
 static_assert(__AMDGCN_WAVEFRONT_SIZE == 32, "keel kernels assume 32-wide waves (build with -mwavefrontsize32)");
 #endif
@@ -125,6 +126,17 @@ static __device__ __forceinline__ uint32_t kp_ldg32(const uint32_t *p) {
     return *p;
 #else
     return __ldg(p);
+#endif
+}
+
+/* (a & b) | c in one instruction (a mask and a magic exponent both constant would otherwise take two). */
+static __device__ __forceinline__ uint32_t kp_and_or(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__HIPCC__)
+    return (a & b) | c;
+#else
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 #endif
 }
 
@@ -213,6 +225,37 @@ static __device__ __forceinline__ void kp_cp_commit(void) {
 template <int N> static __device__ __forceinline__ void kp_cp_wait(void) {
 #if defined(KP_HAVE_CP_ASYNC)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* The same with N known only at run time (0..6; larger waits for all). */
+static __device__ __forceinline__ void kp_cp_wait_dyn(int n) {
+    switch (n) {
+    case 6: kp_cp_wait<6>(); break;
+    case 5: kp_cp_wait<5>(); break;
+    case 4: kp_cp_wait<4>(); break;
+    case 3: kp_cp_wait<3>(); break;
+    case 2: kp_cp_wait<2>(); break;
+    case 1: kp_cp_wait<1>(); break;
+    default: kp_cp_wait<0>(); break;
+    }
+}
+/* kp_cp_async16 asking L2 to fetch the whole 256-byte block around the source (long DRAM bursts for short row
+ * pieces); the portable twin copies synchronously. */
+static __device__ __forceinline__ void kp_cp_async16_l2(void *smem, const void *gmem) {
+#if defined(KP_HAVE_CP_ASYNC)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem)
+                 : "memory");
+#else
+    *(uint4 *)smem = *(const uint4 *)gmem;
+#endif
+}
+/* A load that skips L1 (data other blocks of the same launch wrote, after their fence). */
+static __device__ __forceinline__ float kp_ldcg_f32(const float *p) {
+#if defined(__HIPCC__)
+    return *(const volatile float *)p;
+#else
+    return __ldcg(p);
 #endif
 }
 

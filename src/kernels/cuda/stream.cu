@@ -2,15 +2,18 @@
  *
  * Shape of the work (docs/stream-tiles.md has the why):
  * - A block is 4 warps; a warp owns 16 rows of W (the m16 side of mma m16n8k16); the 8 activation rows are n8.
- * - Each warp streams its rows through a private ring of NST shared-memory stages filled by asynchronous
- *   copies (cp.async on sm_80+): a stage is 16 rows x NBC blocks of 32 codes plus their scales and biases, and
- *   NST-1 stages are always in flight, across x-chunk boundaries too.
+ *   Blocks are items (routed experts, or 8-row groups of a long launch) fastest, then row tiles, then k-slices.
+ * - Each warp streams its rows through a private ring of shared-memory stages filled by asynchronous copies
+ *   (cp.async on sm_80+, asking L2 for whole 256-byte blocks): a stage is 16 rows x NBC blocks of 32 codes plus
+ *   their scales and biases. The ring is as deep as the 64 KB block allows for the launch's scale dtype and group
+ *   (up to 8 stages, all but one in flight).
  * - x is staged per block in x-chunks (the whole k when it fits) in mma fragment order, with per-group sums of x.
  * - Thread (g, t) reads codes 8t..8t+7 of rows g and g+8 of each 32-code block (bits bytes, byte-aligned), turns
  *   them into exact bf16/f16 integers under a magic exponent, one mma per 16 codes; at each group end
- *   acc += scale*S + bias*sum(x).
- * - Optional k-split (chosen from n, k, the item count and the SM count only) writes fp32 partials that
- *   stream_finish adds in slice order; routed fc2 always goes through it (items summed in list order).
+ *   acc = fma(bias, sum(x), fma(scale, S, acc)).
+ * - A k-split (chosen from n, k and the SM count only) writes fp32 partials; the last block of a tile to finish
+ *   adds them in slice order (and routed fc2's items in list order) and stores, so one launch does it all;
+ *   stream_finish does that step as a second launch where one block would have too much to add.
  */
 #include <stdio.h>
 #include <string.h>
@@ -26,7 +29,7 @@
 #define KEEL_PLANT_BIAS(b) (b)
 #endif
 #ifndef KEEL_PLANT_GROUP_END
-#define KEEL_PLANT_GROUP_END(acc, s, S, bi, xsum, epi) __fadd_rn(acc, __fmaf_rn(bi, xsum, __fmul_rn(s, S)))
+#define KEEL_PLANT_GROUP_END(acc, s, S, bi, xsum, epi) __fmaf_rn(bi, xsum, __fmaf_rn(s, S, acc))
 #endif
 #ifndef KEEL_PLANT_ROWS
 #define KEEL_PLANT_ROWS(acc, bf16) ((void)0)
@@ -51,35 +54,42 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-/* Two blocks fit every chip with >= 164 KB of shared memory per SM; one on 100 KB chips (sm_86/87/89/120). */
+/* Blocks per SM the launch bounds ask for (a register cap): three on sm_90/sm_100, whose 228 KB of shared memory
+ * hold three 64 KB blocks; two on sm_80 (164 KB); one on the 100 KB chips (sm_86/87/89/120). */
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
 #define KEEL_STREAM_MIN_BLOCKS 1
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KEEL_STREAM_MIN_BLOCKS 3
 #else
 #define KEEL_STREAM_MIN_BLOCKS 2
 #endif
 constexpr int kRowsPerWarp = 16;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
+constexpr int kSmemBytes = 65536;         /* dynamic shared memory of every block (gfx1030's limit) */
 constexpr int kXBytes = 16384;            /* staged x fragments per block */
 constexpr int kXSums = 256;               /* per-group x sums per x-chunk (chunk codes / 32 * m <= 256) */
 constexpr int kQuad = 128;                /* k-split granularity: a multiple of every group size */
 constexpr int kChunkUnit = 256;           /* x-chunks are multiples of every stage length */
 constexpr int kMaxRows = KEEL_CUDA_STREAM_MAX_ROWS;
+constexpr int kMaxStages = 8;             /* ring depth cap (cp.async.wait_group immediates up to 6) */
+constexpr int kFoldMax = 64;              /* partials per output the last block adds itself (more: stream_finish) */
+constexpr int kWarpBytes = (kSmemBytes - kXBytes - kXSums * 4) / kWarps; /* a warp's table and ring */
 
 enum { SDT_BF16 = 0, SDT_F16 = 1, SDT_F32 = 2 };
 enum { MODE_STORE = 0, MODE_REDUCE = 1 };
 
-/* Per-width layout constants, all compile-time. Every block stays under 64 KB of shared memory (gfx1030). */
+/* Per-width layout constants, all compile-time; the ring's depth is chosen per launch (scale words vary). */
 template <int B> struct Geo {
     static constexpr int NBC = B >= 6 ? 4 : 8;              /* 32-code blocks per stage */
-    static constexpr int NST = B == 3 || B == 4 || B == 5 ? 3 : 4; /* ring depth: NST-1 stages in flight */
     static constexpr int SK = NBC * 32;                      /* codes per stage */
     static constexpr int WPR = NBC * B;                      /* words per row per stage */
     static constexpr int VPL = WPR / 8;                      /* 16-byte vectors per lane per stage */
     static constexpr int RS = B == 5 ? WPR : WPR + 4;        /* shared row stride in words (banks, read slack) */
-    static constexpr int SW = NBC;                           /* raw scale words per row per stage */
+    static constexpr int SWMAX = NBC;                        /* raw scale words per row per stage at most (F32, g32) */
     static constexpr int CW = kRowsPerWarp * RS + 4;         /* code words per stage (+ read slack) */
-    static constexpr int STAGE = CW + 2 * kRowsPerWarp * SW; /* words per stage */
     static constexpr int SBR = NBC + 1;                      /* fp32 (scale, bias) pairs per row, padded */
+    static constexpr int SBF = kRowsPerWarp * SBR * 8;       /* bytes of the warp's (scale, bias) table */
+    static constexpr int RING = (kWarpBytes - SBF) / 4;      /* words of the warp's ring */
 };
 
 struct Params {
@@ -90,15 +100,22 @@ struct Params {
     int n, k, group, sdt;
     const uint16_t *x;
     long long x_item;       /* elements between items' activations (0: shared x) */
-    int m;
-    const keel_cuda_route *items; /* NULL: one item {0, mask0} */
+    int m;                  /* rows per item (1..8) */
+    const keel_cuda_route *items; /* NULL: one item {0, mask0}, or rows_m's 8-row groups */
     int n_items;
     uint32_t mask0;
+    int rows_m;             /* keel_cuda_stream_matmul_rows: all rows (items are 8-row groups); else 0 */
     const float *rw;        /* routing weights [item][8] (MODE_REDUCE) */
     void *y;
     long long y_item;       /* elements between items' outputs (MODE_STORE) */
-    int ydt_bf16, epi, mode, vec16, sb4, splits, xk;
+    long long last;         /* index of the last output element */
+    int ydt_bf16, epi, mode, vec16, sb4, splits, xk, tiles;
+    int nst, stride, sw;    /* ring stages, words per stage slot, scale words per row per stage */
+    int l2_block;           /* code copies ask L2 for the whole 256-byte block around them */
+    int diag;               /* benchmark diagnosis only: 1 skips the arithmetic, 2 the weight copies */
+    int fold;               /* the last block of a tile adds the partials (else stream_finish does) */
     float *part;            /* splits > 1 or MODE_REDUCE: [split][item][8][n] fp32 partials */
+    unsigned *cnt;          /* arrivals per (tile, item) (per tile in MODE_REDUCE); zero between launches */
 };
 
 __device__ __forceinline__ float relu2(float v) { return v > 0.f ? __fmul_rn(v, v) : 0.f; }
@@ -110,6 +127,17 @@ __device__ __forceinline__ void store_out(void *y, long long i, float v, int bf1
         ((float *)y)[i] = v;
 }
 
+/* Item it of a launch: a routed (expert, token mask), an 8-row group of a long launch, or the one plain item. */
+__device__ __forceinline__ keel_cuda_route route_of(const Params &P, int it) {
+    if (P.items) return P.items[it];
+    if (P.rows_m) {
+        const int rem = P.rows_m - kMaxRows * it;
+        return keel_cuda_route{0, rem >= kMaxRows ? 0xffu : (1u << rem) - 1u};
+    }
+    return keel_cuda_route{0, P.mask0};
+}
+
+
 /* The 8 codes c0..c7 of one thread (bits B each, LSB first in v) as four operand words, word i holding
  * (c_i, c_{i+4}) as exact bf16 or f16 integers: or-ed under a magic exponent, the magic subtracted. */
 template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsigned long long v, uint32_t p[4]) {
@@ -120,7 +148,7 @@ template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsig
         for (int i = 0; i < 4; i++) {
             if constexpr (XF16) {
                 const uint32_t two = __byte_perm(lo, hi, 0x0040u | (uint32_t)i | ((uint32_t)(i + 4) << 8));
-                p[i] = kp_sub_f16x2((two & 0x00ff00ffu) | magic, magic);
+                p[i] = kp_sub_f16x2(kp_and_or(two, 0x00ff00ffu, magic), magic);
             } else { /* bf16 cannot hold 128 + q for q >= 128: through fp32 */
                 const float a = __uint_as_float(__byte_perm(lo, 0x4b000000u, 0x7540u | (uint32_t)i)) - 8388608.f;
                 const float b = __uint_as_float(__byte_perm(hi, 0x4b000000u, 0x7540u | (uint32_t)i)) - 8388608.f;
@@ -135,26 +163,27 @@ template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsig
             const uint32_t u = (uint32_t)v;
             const uint32_t w = B == 4 ? u : (u & lowm) | ((u << (16 - 4 * B)) & (lowm << 16));
 #pragma unroll
-            for (int i = 0; i < 4; i++) q[i] = ((w >> (B * i)) & mm) | magic;
+            for (int i = 0; i < 4; i++) q[i] = kp_and_or(w >> (B * i), mm, magic);
         } else { /* 5, 6 bits: two words, codes (0,1 | 4,5) and (2,3 | 6,7) */
             constexpr uint32_t m2 = (1u << (2 * B)) - 1u, mm = ((1u << B) - 1u) * 0x00010001u;
             const uint32_t w1 = ((uint32_t)v & m2) | (((uint32_t)(v >> (4 * B)) & m2) << 16);
             const uint32_t w2 = ((uint32_t)(v >> (2 * B)) & m2) | (((uint32_t)(v >> (6 * B)) & m2) << 16);
-            q[0] = (w1 & mm) | magic;
-            q[1] = ((w1 >> B) & mm) | magic;
-            q[2] = (w2 & mm) | magic;
-            q[3] = ((w2 >> B) & mm) | magic;
+            q[0] = kp_and_or(w1, mm, magic);
+            q[1] = kp_and_or(w1 >> B, mm, magic);
+            q[2] = kp_and_or(w2, mm, magic);
+            q[3] = kp_and_or(w2 >> B, mm, magic);
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : kp_sub_bf16x2(q[i], magic);
     }
 }
 
-/* What one lane copies for its warp, precomputed once: the code vectors (row and offset) and the scale row. */
+
+/* What one lane copies for its warp: the item's matrix and the warp's rows, the lane's scale row, the slice. */
 template <int B> struct Prod {
-    const uint32_t *src[Geo<B>::VPL]; /* row start + vector offset (words) */
-    int dst[Geo<B>::VPL];             /* word offset in a stage */
-    int off[Geo<B>::VPL];             /* vector offset in the row's stage span (words) */
+    const uint32_t *wb;               /* the item's matrix */
+    int rw;                           /* words per row (a matrix of an item holds < 2^31 words) */
+    int row0, rlast;                  /* the warp's first row; the matrix's last row (rows past it are clamped) */
     long long e;                      /* the lane's scale row: first element of row (lane % 16) */
     long long e_end;                  /* one past the item's last scale element */
     const void *base;                 /* scales (lanes 0..15) or biases (16..31) */
@@ -171,29 +200,42 @@ __device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, i
     if (k0 < Q.ke) {
         const int nb = min(G::NBC, (Q.ke - k0) >> 5), nw = nb * B;
         const int w0 = (k0 >> 5) * B;
+        /* vector i of lane l: row (32 i + l) / (WPR / 4) of the warp, words 4 u.. of its stage span */
+        const uint32_t *wk = Q.wb + w0;
+        if (P.diag == 2) {
+        } else if (P.vec16) {
 #pragma unroll
-        for (int i = 0; i < G::VPL; i++) {
-            if (Q.off[i] < nw) {
-                if (P.vec16) {
-                    kp_cp_async16(slot + Q.dst[i], Q.src[i] + w0);
-                } else {
+            for (int i = 0; i < G::VPL; i++) {
+                const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
+                if (4 * u >= nw) continue;
+                uint32_t *d = slot + rr * G::RS + 4 * u;
+                const uint32_t *src = wk + (min(Q.row0 + rr, Q.rlast) * Q.rw + 4 * u);
+                if (P.l2_block)
+                    kp_cp_async16_l2(d, src);
+                else
+                    kp_cp_async16(d, src);
+            }
+        } else {
 #pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        if (Q.off[i] + j < nw) kp_cp_async4(slot + Q.dst[i] + j, Q.src[i] + w0 + j);
-                }
+            for (int i = 0; i < G::VPL; i++) {
+                const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
+                const uint32_t *src = wk + (min(Q.row0 + rr, Q.rlast) * Q.rw + 4 * u);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (4 * u + j < nw) kp_cp_async4(slot + rr * G::RS + 4 * u + j, src + j);
             }
         }
         const int ngs = (nb * 32) >> Q.lg;
         const long long e0 = Q.e + (k0 >> Q.lg);
-        uint32_t *dst = slot + G::CW + (lane >> 4) * (kRowsPerWarp * G::SW) + (lane & 15) * G::SW;
+        uint32_t *dst = slot + G::CW + (lane >> 4) * (kRowsPerWarp * P.sw) + (lane & 15) * P.sw;
         if (P.sdt == SDT_F32) {
 #pragma unroll
-            for (int i = 0; i < G::SW; i++)
+            for (int i = 0; i < G::SWMAX; i++)
                 if (i < ngs) kp_cp_async4(dst + i, (const float *)Q.base + e0 + i);
         } else if (P.sb4) {
             const long long wf = e0 >> 1, wl = (e0 + ngs - 1) >> 1;
 #pragma unroll
-            for (int i = 0; i < G::SW; i++) {
+            for (int i = 0; i < G::SWMAX; i++) {
                 const long long wi = wf + i;
                 if (wi <= wl) {
                     if (2 * wi + 1 < Q.e_end)
@@ -205,20 +247,20 @@ __device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, i
         } else {
             uint16_t *d16 = (uint16_t *)dst + (e0 & 1);
 #pragma unroll
-            for (int i = 0; i < G::SW; i++)
+            for (int i = 0; i < G::SWMAX; i++)
                 if (i < ngs) d16[i] = ((const uint16_t *)Q.base)[e0 + i];
         }
     }
     kp_cp_commit();
 }
 
-/* Stages x-chunk [c0, c0 + len) of the item's m rows in mma fragment order: a uint4 per (block, row, t) holding
- * x[8t + i] and x[8t + i + 4] of the block in word i, zeros up to lenp (whole stages). Rows outside the mask are
- * zeros. Loads go out in batches. */
+/* Stages x-chunk [c0, c0 + len) of the item's m rows in mma fragment order: a uint4 per (row, block, t) at
+ * xf[(row * lenp/32 + block) * 4 + t] holding x[8t + i] and x[8t + i + 4] of the block in word i, zeros up to
+ * lenp (whole stages). Rows outside the mask are zeros. Loads go out in batches. */
 __device__ __forceinline__ void stage_x(const Params &P, const uint16_t *__restrict__ x, uint32_t mask, int c0,
                                         int len, int lenp, uint4 *xf) {
     constexpr int kBatch = 8;
-    const int m = P.m, nunits = lenp / 32 * m * 4, nlive = len / 32 * m * 4;
+    const int m = P.m, nblk = lenp / 32, nunits = nblk * m * 4, nlive = len / 32 * m * 4;
     for (int base = threadIdx.x; base < nunits; base += kThreads * kBatch) {
         uint32_t w[kBatch][4];
 #pragma unroll
@@ -233,9 +275,9 @@ __device__ __forceinline__ void stage_x(const Params &P, const uint16_t *__restr
         }
 #pragma unroll
         for (int b = 0; b < kBatch; b++) {
-            const int e = base + b * kThreads;
+            const int e = base + b * kThreads, t = e & 3, r = (e >> 2) % m, j = (e >> 2) / m;
             if (e < nunits)
-                xf[e] = make_uint4(__byte_perm(w[b][0], w[b][2], 0x5410), __byte_perm(w[b][0], w[b][2], 0x7632),
+                xf[(r * nblk + j) * 4 + t] = make_uint4(__byte_perm(w[b][0], w[b][2], 0x5410), __byte_perm(w[b][0], w[b][2], 0x7632),
                                    __byte_perm(w[b][1], w[b][3], 0x5410), __byte_perm(w[b][1], w[b][3], 0x7632));
         }
     }
@@ -245,17 +287,17 @@ template <bool XF16> __device__ __forceinline__ float xval(uint32_t h) {
     return XF16 ? kp_f16_to_f32((uint16_t)h) : kp_bf16_to_f32((uint16_t)h);
 }
 
-/* Per-group sums of x of the staged chunk (xs[group * m + row]): lane t of four sums the codes 8t..8t+7 of each
- * block of the group (blocks in order, elements in a fixed order), then the four lanes add in a fixed tree. The
- * order depends on the group alone, never on m or the chunking. */
+/* Per-group sums of x of the staged chunk (xs[row * len/group + group]): lane t of four sums the codes 8t..8t+7
+ * of each block of the group (blocks in order, elements in a fixed order), then the four lanes add in a fixed
+ * tree. The order depends on the group alone, never on m or the chunking. */
 template <bool XF16> __device__ __forceinline__ void stage_xsum(const Params &P, int len, const uint4 *xf, float *xs) {
-    const int m = P.m, nsum = len / P.group * m, bpg = P.group / 32;
+    const int m = P.m, ngc = len / P.group, nsum = ngc * m, bpg = P.group / 32, nblk = len / 32;
     for (int base = 0; base < nsum * 4; base += kThreads) { /* uniform trip count: every lane shuffles */
         const int e = base + threadIdx.x, u = e >> 2, t = e & 3, r = u % m, gl = u / m;
         float acc = 0.f;
         if (u < nsum) {
             for (int b = 0; b < bpg; b++) {
-                const uint4 v = xf[((gl * bpg + b) * m + r) * 4 + t];
+                const uint4 v = xf[(r * nblk + gl * bpg + b) * 4 + t];
                 const uint32_t q[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc = __fadd_rn(acc, xval<XF16>(q[i] & 0xffffu));
@@ -265,7 +307,7 @@ template <bool XF16> __device__ __forceinline__ void stage_xsum(const Params &P,
         }
         acc = __fadd_rn(acc, __uint_as_float(kp_shfl_xor(__float_as_uint(acc), 1)));
         acc = __fadd_rn(acc, __uint_as_float(kp_shfl_xor(__float_as_uint(acc), 2)));
-        if (u < nsum && t == 0) xs[u] = acc;
+        if (u < nsum && t == 0) xs[r * ngc + gl] = acc;
     }
 }
 
@@ -275,13 +317,13 @@ __device__ __forceinline__ float load_sb(const uint32_t *sb, int idx, int sdt) {
     return sdt == SDT_BF16 ? kp_bf16_to_f32(h) : kp_f16_to_f32(h);
 }
 
-/* One stage of one warp: NBC blocks of its 16 rows, groups of BPG blocks (compile-time, so the whole stage is
- * straight-line code the compiler can overlap). ra/rb: the thread's bytes in rows g and g + 8; xfb: its x
- * fragment of block 0 (blocks xst apart); xsb: the x sums of its columns 2t, 2t+1 for group 0 (groups m apart);
- * sa/sb: the (scale, bias) pairs of rows g and g + 8. */
+/* The NBC blocks of a stage of one warp's 16 rows, groups of BPG blocks (compile-time, so it is straight-line code
+ * the compiler can overlap, every offset an immediate). ra/rb: the thread's bytes in rows g and g + 8; xfb: its
+ * x fragment of the first block (blocks 4 apart); xsa/xsb: the x sums of its columns 2t, 2t+1 for the first
+ * group; sa/sb: the (scale, bias) pairs of rows g and g + 8. */
 template <int B, bool XF16, int BPG>
-__device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *rb, int tsh, const uint4 *xfb, int xst,
-                                           bool xlive, const float *xsb, int m, bool xs0ok, bool xs1ok,
+__device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *rb, int tsh, const uint4 *xfb,
+                                           bool xlive, const float *xsa, const float *xsb, bool xs0ok, bool xs1ok,
                                            const float2 *sa, const float2 *sb, int epi, float acc[4]) {
     using G = Geo<B>;
     (void)epi;
@@ -305,19 +347,46 @@ __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *r
                 KEEL_PLANT_DECODE(B, XF16, vb, pb);
             }
             uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-            if (xlive) xv = xfb[jb * xst];
+            if (xlive) xv = xfb[jb * 4];
             const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, b0[2] = {xv.x, xv.y};
             const uint32_t a1[4] = {pa[2], pb[2], pa[3], pb[3]}, b1[2] = {xv.z, xv.w};
             kp_mma_16816<XF16>(S, a0, b0);
             kp_mma_16816<XF16>(S, a1, b1);
         }
         const float2 s0 = sa[gs], s1 = sb[gs];
-        const float xs0 = xs0ok ? xsb[gs * m] : 0.f, xs1 = xs1ok ? xsb[gs * m + 1] : 0.f;
+        const float xs0 = xs0ok ? xsa[gs] : 0.f, xs1 = xs1ok ? xsb[gs] : 0.f;
         acc[0] = KEEL_PLANT_GROUP_END(acc[0], s0.x, S[0], KEEL_PLANT_BIAS(s0.y), xs0, epi);
         acc[1] = KEEL_PLANT_GROUP_END(acc[1], s0.x, S[1], KEEL_PLANT_BIAS(s0.y), xs1, epi);
         acc[2] = KEEL_PLANT_GROUP_END(acc[2], s1.x, S[2], KEEL_PLANT_BIAS(s1.y), xs0, epi);
         acc[3] = KEEL_PLANT_GROUP_END(acc[3], s1.x, S[3], KEEL_PLANT_BIAS(s1.y), xs1, epi);
     }
+}
+
+/* Adds the partials of output (o, r, row) in slice order (routed fc2: each item's slices, then the items in list
+ * order with their routing weights), applies the epilogue and stores. Outputs outside an item's mask stay untouched.
+ * The tile's last block and stream_finish both end here, so either gives the same bits. */
+__device__ __forceinline__ void finish_out(const Params &P, int o, int r, int row) {
+    const long long per = (long long)kMaxRows * P.n, at = (long long)r * P.n + row;
+    float v;
+    if (P.mode == MODE_REDUCE) {
+        float tot = 0.f;
+        for (int it = 0; it < P.n_items; it++) {
+            if (!((route_of(P, it).mask >> r) & 1u)) continue;
+            float acc = 0.f;
+            for (int s = 0; s < P.splits; s++)
+                acc = __fadd_rn(acc, kp_ldcg_f32(P.part + ((long long)s * P.n_items + it) * per + at));
+            tot = __fmaf_rn(P.rw[it * kMaxRows + r], acc, tot);
+        }
+        v = tot;
+    } else {
+        if (!((route_of(P, o).mask >> r) & 1u)) return;
+        float acc = 0.f;
+        for (int s = 0; s < P.splits; s++)
+            acc = __fadd_rn(acc, kp_ldcg_f32(P.part + ((long long)s * P.n_items + o) * per + at));
+        v = acc;
+    }
+    v = P.epi == KEEL_EPI_RELU2 ? relu2(v) : v;
+    KEEL_PLANT_STORE(P.y, (long long)o * P.y_item + at, v, P.ydt_bf16, P.last);
 }
 
 template <int B, bool XF16>
@@ -327,24 +396,24 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
     uint4 *xf = smem_raw;                                      /* kXBytes of fragments */
     float *xs = (float *)(smem_raw + kXBytes / 16);           /* kXSums */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
-    float2 *sbf = (float2 *)(xs + kXSums) + warp * (kRowsPerWarp * G::SBR);
-    uint32_t *ring = (uint32_t *)((float2 *)(xs + kXSums) + kWarps * kRowsPerWarp * G::SBR) + warp * (G::NST * G::STAGE);
+    uint8_t *wsm = (uint8_t *)(xs + kXSums) + warp * kWarpBytes;
+    float2 *sbf = (float2 *)wsm;                               /* the warp's (scale, bias) table */
+    uint32_t *ring = (uint32_t *)(wsm + G::SBF);               /* then its ring of P.nst slots */
 
-    const int it = blockIdx.y, split = blockIdx.z;
-    const keel_cuda_route item = P.items ? P.items[it] : keel_cuda_route{0, P.mask0};
-    const int row0 = blockIdx.x * kRowsPerBlock + warp * kRowsPerWarp;
+    /* items fastest (8-row groups of one tile share its weights in L2), then row tiles, then k-slices */
+    const int it = (int)(blockIdx.x % (unsigned)P.n_items), rest = (int)(blockIdx.x / (unsigned)P.n_items);
+    const int tile = rest % P.tiles, split = rest / P.tiles;
+    const keel_cuda_route item = route_of(P, it);
+    const int row0 = tile * kRowsPerBlock + warp * kRowsPerWarp;
     const int groups = P.k / P.group, lg = 31 - __clz(P.group), lbpg = lg - 5;
     const long long row_words = (long long)P.k * B / 32;
     Prod<B> Q;
     {
         const uint32_t *W = P.w + (long long)item.expert * P.ew;
-#pragma unroll
-        for (int i = 0; i < G::VPL; i++) {
-            const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
-            Q.src[i] = W + (long long)min(row0 + rr, P.n - 1) * row_words + 4 * u;
-            Q.dst[i] = rr * G::RS + 4 * u;
-            Q.off[i] = 4 * u;
-        }
+        Q.wb = W;
+        Q.rw = (int)row_words;
+        Q.row0 = row0;
+        Q.rlast = P.n - 1;
         const long long sb0 = (long long)item.expert * P.es;
         Q.e = sb0 + (long long)min(row0 + (lane & 15), P.n - 1) * groups;
         Q.e_end = sb0 + (long long)P.n * groups;
@@ -355,106 +424,108 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
         Q.lg = lg;
     }
     const uint16_t *x = P.x + (long long)it * P.x_item;
-    const int nstage = (Q.ke - Q.ks + G::SK - 1) / G::SK;
+    const int nstage = (Q.ke - Q.ks + G::SK - 1) / G::SK, nst = P.nst, stride = P.stride;
 
     const int tw = (t * B) >> 2, tsh = ((t * B) & 3) * 8;
     const bool xlive = g < P.m, xs0ok = 2 * t < P.m, xs1ok = 2 * t + 1 < P.m;
 
-#pragma unroll
-    for (int s = 0; s < G::NST - 1; s++) issue_stage<B>(P, Q, s, ring + s * G::STAGE, lane);
+    for (int s = 0; s < nst - 1; s++) issue_stage<B>(P, Q, s, ring + s * stride, lane);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    int kc = 0, slot_i = 0; /* position in the x-chunk; ring slot of stage s */
+    int kc = 0, slot_i = 0, nblk = 0; /* position in the x-chunk; ring slot of stage s; the chunk's blocks */
     for (int s = 0; s < nstage; s++) {
         const int k0 = Q.ks + s * G::SK;
         if (kc == 0) { /* a new x-chunk: every warp is done with the last one */
             __syncthreads();
             const int len = min(P.xk, Q.ke - k0), lenp = (len + G::SK - 1) / G::SK * G::SK;
+            nblk = lenp >> 5;
             stage_x(P, x, item.mask, k0, len, lenp, xf);
             __syncthreads();
             stage_xsum<XF16>(P, lenp, xf, xs);
             __syncthreads();
         }
-        kp_cp_wait<G::NST - 2>();
-        kp_syncwarp(); /* stage s has landed for every lane; every lane is done with stage s - 1 */
-        const int next = slot_i == 0 ? G::NST - 1 : slot_i - 1;
-        issue_stage<B>(P, Q, s + G::NST - 1, ring + next * G::STAGE, lane);
+        /* stage s + nst - 1 goes into the slot stage s - 1 used; a ring of one slot (F32 scales, group 32, wide
+         * codes) copies stage s itself, then waits for it */
+        if (nst > 1) kp_cp_wait_dyn(nst - 2);
+        kp_syncwarp(); /* stage s has landed for every lane (nst > 1); every lane is done with stage s - 1 */
+        const int next = slot_i + nst - 1 < nst ? slot_i + nst - 1 : slot_i - 1;
+        issue_stage<B>(P, Q, s + nst - 1, ring + next * stride, lane);
+        if (nst == 1) {
+            kp_cp_wait<0>();
+            kp_syncwarp();
+        }
 
-        const uint32_t *slot = ring + slot_i * G::STAGE;
+        const uint32_t *slot = ring + slot_i * stride;
         { /* the stage's scales and biases to fp32 (scale, bias) pairs; groups past the slice end get zeros */
             const int rr = lane & 15, which = lane >> 4;
             const int ngs = (min(G::NBC, (Q.ke - k0) >> 5) * 32) >> lg;
             const long long e0 = Q.e + (k0 >> lg);
-            const uint32_t *raw = slot + G::CW + which * (kRowsPerWarp * G::SW) + rr * G::SW;
+            const uint32_t *raw = slot + G::CW + which * (kRowsPerWarp * P.sw) + rr * P.sw;
             const int so = P.sdt == SDT_F32 ? 0 : (int)(e0 & 1);
             float *dst = (float *)(sbf + rr * G::SBR) + which;
 #pragma unroll
             for (int gs = 0; gs < G::NBC; gs++) dst[2 * gs] = gs < ngs ? load_sb(raw, so + gs, P.sdt) : 0.f;
         }
         kp_syncwarp();
-        const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
-        const uint4 *xfb = xf + ((kc >> 5) * P.m + g) * 4 + t;
-        const float *xsb = xs + (kc >> lg) * P.m + 2 * t;
-        const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
-        if (lbpg == 0)
-            stage_body<B, XF16, 1>(ra, rb, tsh, xfb, 4 * P.m, xlive, xsb, P.m, xs0ok, xs1ok, sa, sb, P.epi, acc);
-        else if (lbpg == 1)
-            stage_body<B, XF16, 2>(ra, rb, tsh, xfb, 4 * P.m, xlive, xsb, P.m, xs0ok, xs1ok, sa, sb, P.epi, acc);
-        else
-            stage_body<B, XF16, 4>(ra, rb, tsh, xfb, 4 * P.m, xlive, xsb, P.m, xs0ok, xs1ok, sa, sb, P.epi, acc);
+        if (P.diag != 1) {
+            const int ngc = nblk * 32 >> lg; /* groups in this x-chunk */
+            const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
+            const uint4 *xfb = xf + (g * nblk + (kc >> 5)) * 4 + t;
+            const float *xsa = xs + 2 * t * ngc + (kc >> lg), *xsb = xsa + ngc;
+            const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
+            if (lbpg == 0)
+                stage_body<B, XF16, 1>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
+            else if (lbpg == 1)
+                stage_body<B, XF16, 2>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
+            else
+                stage_body<B, XF16, 4>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
+        }
         kc += G::SK;
         if (kc == P.xk) kc = 0;
-        slot_i = slot_i == G::NST - 1 ? 0 : slot_i + 1;
+        slot_i = slot_i == nst - 1 ? 0 : slot_i + 1;
     }
     kp_cp_wait<0>();
 
     KEEL_PLANT_ROWS(acc, P.ydt_bf16);
     const bool to_part = P.splits > 1 || P.mode == MODE_REDUCE;
-    const long long last = (long long)it * P.y_item + (long long)(P.m - 1) * P.n + P.n - 1;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         const int r = 2 * t + (e & 1), row = row0 + g + 8 * (e >> 1);
         if (r >= P.m || !((item.mask >> r) & 1u) || row >= P.n) continue;
         if (to_part) {
-            P.part[(((long long)split * gridDim.y + it) * kMaxRows + r) * P.n + row] = acc[e];
+            P.part[(((long long)split * P.n_items + it) * kMaxRows + r) * P.n + row] = acc[e];
         } else {
             const float v = P.epi == KEEL_EPI_RELU2 ? relu2(acc[e]) : acc[e];
-            KEEL_PLANT_STORE(P.y, (long long)it * P.y_item + (long long)r * P.n + row, v, P.ydt_bf16, last);
+            KEEL_PLANT_STORE(P.y, (long long)it * P.y_item + (long long)r * P.n + row, v, P.ydt_bf16, P.last);
         }
     }
+    if (!to_part || !P.fold) return;
+    /* The last block of this tile (of this item; of every item in MODE_REDUCE) to arrive adds the partials. */
+    __threadfence();
+    __syncthreads();
+    unsigned *last = (unsigned *)xs; /* every warp is past the loop: the x sums are free */
+    if (threadIdx.x == 0) {
+        const int ci = P.mode == MODE_REDUCE ? tile : tile * P.n_items + it;
+        const unsigned want = (unsigned)(P.mode == MODE_REDUCE ? P.splits * P.n_items : P.splits);
+        const unsigned got = atomicAdd(P.cnt + ci, 1u) + 1u;
+        if (got == want) P.cnt[ci] = 0u; /* all arrived: zero again for the next launch */
+        *last = got == want;
+    }
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    const int rows = min(kRowsPerBlock, P.n - tile * kRowsPerBlock), o = P.mode == MODE_REDUCE ? 0 : it;
+    for (int e = threadIdx.x; e < rows * P.m; e += kThreads) finish_out(P, o, e / rows, tile * kRowsPerBlock + e % rows);
 }
 
-/* Adds the partials in slice order (and, for routed fc2, the items in list order with their routing weights),
- * applies the epilogue and stores. One thread per output element. */
-__global__ void stream_finish(Params P, int items) {
-    const long long per = (long long)kMaxRows * P.n;
+/* The partials' sums as a launch of its own, one thread per output: for routed fc2 launches with more partials per
+ * output than one block should add (kFoldMax). */
+__global__ void stream_finish(Params P) {
+    const long long per = (long long)P.m * P.n;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const int outs = P.mode == MODE_REDUCE ? 1 : items;
+    const int outs = P.mode == MODE_REDUCE ? 1 : P.n_items;
     if (i >= per * outs) return;
-    const int o = (int)(i / per), r = (int)(i % per / P.n), row = (int)(i % P.n);
-    if (r >= P.m) return;
-    float v;
-    if (P.mode == MODE_REDUCE) {
-        float tot = 0.f;
-        for (int it = 0; it < items; it++) {
-            if (!((P.items[it].mask >> r) & 1u)) continue;
-            float acc = 0.f;
-            for (int s = 0; s < P.splits; s++)
-                acc = __fadd_rn(acc, P.part[((long long)s * items + it) * per + (long long)r * P.n + row]);
-            tot = __fmaf_rn(P.rw[it * kMaxRows + r], acc, tot);
-        }
-        v = tot;
-    } else {
-        const uint32_t mask = P.items ? P.items[o].mask : P.mask0;
-        if (!((mask >> r) & 1u)) return;
-        float acc = 0.f;
-        for (int s = 0; s < P.splits; s++)
-            acc = __fadd_rn(acc, P.part[((long long)s * items + o) * per + (long long)r * P.n + row]);
-        v = acc;
-    }
-    v = P.epi == KEEL_EPI_RELU2 ? relu2(v) : v;
-    const long long last = (long long)(outs - 1) * P.y_item + (long long)(P.m - 1) * P.n + P.n - 1;
-    KEEL_PLANT_STORE(P.y, (long long)o * P.y_item + (long long)r * P.n + row, v, P.ydt_bf16, last);
+    finish_out(P, (int)(i / per), (int)(i % per / P.n), (int)(i % P.n));
 }
 
 __global__ void relu2_kernel(void *y, int bf16, size_t count) {
@@ -470,15 +541,16 @@ __global__ void relu2_kernel(void *y, int bf16, size_t count) {
     }
 }
 
-/* Dynamic shared memory of one block: x fragments, x sums, the warps' (scale, bias) tables and rings. */
-template <int B> constexpr size_t smem_bytes() {
-    return (size_t)kXBytes + (size_t)kXSums * sizeof(float) + (size_t)kWarps * kRowsPerWarp * Geo<B>::SBR * 8 +
-           (size_t)kWarps * Geo<B>::NST * Geo<B>::STAGE * 4;
-}
+/* Dynamic shared memory of one block: x fragments, x sums, each warp's (scale, bias) table and ring. */
+template <int B> constexpr size_t smem_bytes() { return (size_t)kSmemBytes; }
 
 int g_sms = 0;
-float *g_part = nullptr;
+float *g_part = nullptr;    /* k-split and routed fc2 partials, grown (never shrunk) on a first launch of a size */
 size_t g_part_cap = 0;
+unsigned *g_cnt = nullptr; /* arrival counters, zero between launches */
+size_t g_cnt_cap = 0;
+constexpr int kL2Block = 1; /* default: code copies ask L2 for whole 256-byte blocks */
+int g_l2_block = kL2Block, g_max_stages = kMaxStages, g_diag = 0;
 
 int sm_count(void) {
     if (g_sms == 0) {
@@ -489,30 +561,56 @@ int sm_count(void) {
     return g_sms;
 }
 
-template <int B, bool XF16> void launch_t(const Params &P, dim3 grid, cudaStream_t st) {
+/* Grows a device buffer to `need` bytes (zeroed when asked); a no-op once warm, so launches can be captured. */
+void grow(void **buf, size_t *cap, size_t need, bool zero) {
+    if (need <= *cap) return;
+    KEEL_CUDA_CHECK(cudaDeviceSynchronize());
+    if (*buf) KEEL_CUDA_CHECK(cudaFree(*buf));
+    KEEL_CUDA_CHECK(cudaMalloc(buf, need));
+    if (zero) KEEL_CUDA_CHECK(cudaMemset(*buf, 0, need));
+    KEEL_CUDA_CHECK(cudaDeviceSynchronize());
+    *cap = need;
+}
+
+template <int B, bool XF16> void launch_t(const Params &P, unsigned blocks, cudaStream_t st) {
     static bool attr = false;
-    constexpr size_t sm = smem_bytes<B>();
     if (!attr) {
         const void *fn = (const void *)stream_tile<B, XF16>;
-        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes<B>()));
 #if !defined(__HIPCC__) /* all of the SM's shared memory for shared memory: as many blocks as fit */
         KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
 #endif
         attr = true;
     }
-    stream_tile<B, XF16><<<grid, kThreads, sm, st>>>(P);
+    stream_tile<B, XF16><<<blocks, kThreads, smem_bytes<B>(), st>>>(P);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-template <bool XF16> void launch_bits(int bits, const Params &P, dim3 grid, cudaStream_t st) {
+template <bool XF16> void launch_bits(int bits, const Params &P, unsigned blocks, cudaStream_t st) {
     switch (bits) {
-    case 2: launch_t<2, XF16>(P, grid, st); break;
-    case 3: launch_t<3, XF16>(P, grid, st); break;
-    case 4: launch_t<4, XF16>(P, grid, st); break;
-    case 5: launch_t<5, XF16>(P, grid, st); break;
-    case 6: launch_t<6, XF16>(P, grid, st); break;
-    case 8: launch_t<8, XF16>(P, grid, st); break;
+    case 2: launch_t<2, XF16>(P, blocks, st); break;
+    case 3: launch_t<3, XF16>(P, blocks, st); break;
+    case 4: launch_t<4, XF16>(P, blocks, st); break;
+    case 5: launch_t<5, XF16>(P, blocks, st); break;
+    case 6: launch_t<6, XF16>(P, blocks, st); break;
+    case 8: launch_t<8, XF16>(P, blocks, st); break;
     default: KEEL_ASSERTF(false, "stream tile: bits %d", bits);
+    }
+}
+
+/* The compile-time geometry a launch needs on the host: codes per stage, code words per slot, ring words. */
+struct GeoRt {
+    int sk, cw, ring;
+};
+template <int B> GeoRt geo_rt(void) { return GeoRt{Geo<B>::SK, Geo<B>::CW, Geo<B>::RING}; }
+GeoRt geo_of(int bits) {
+    switch (bits) {
+    case 2: return geo_rt<2>();
+    case 3: return geo_rt<3>();
+    case 4: return geo_rt<4>();
+    case 5: return geo_rt<5>();
+    case 6: return geo_rt<6>();
+    default: return geo_rt<8>();
     }
 }
 
@@ -531,6 +629,7 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
     KEEL_ASSERT(xdt == KEEL_DT_BF16 || xdt == KEEL_DT_F16);
     KEEL_ASSERTF(((uintptr_t)P.x & 3u) == 0, "stream tile: activations must be 4-byte aligned");
     KEEL_ASSERT(ydt == KEEL_DT_F32 || ydt == KEEL_DT_BF16);
+    KEEL_ASSERT(n_items >= 1);
     cudaStream_t st = (cudaStream_t)stream;
     P.w = W->w;
     P.sc = W->scales;
@@ -543,29 +642,37 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
     P.sdt = sdt_code(W->sdt);
     P.ydt_bf16 = ydt == KEEL_DT_BF16;
     const long long rw = (long long)W->k * W->bits / 32;
+    KEEL_ASSERTF(rw * W->n < (1ll << 31), "stream tile: n %d x %lld words per row (2^31 words at most)", W->n, rw);
     P.vec16 = (rw % 4 == 0) && (((uintptr_t)W->w & 15u) == 0) && (W->expert_words % 4 == 0);
     P.sb4 = (((uintptr_t)W->scales | (uintptr_t)W->biases) & 3u) == 0;
+    P.n_items = n_items;
+    P.tiles = (W->n + kRowsPerBlock - 1) / kRowsPerBlock;
     P.splits = keel_cuda_stream_splits(W->n, W->k, n_items);
     P.xk = kXBytes / 2 / P.m / kChunkUnit * kChunkUnit; /* x-chunk codes; never changes the arithmetic */
-    const int gy = n_items;
-    if (P.splits > 1 || P.mode == MODE_REDUCE) {
-        size_t need = (size_t)P.splits * gy * kMaxRows * W->n * sizeof(float);
-        if (need > g_part_cap) {
-            KEEL_CUDA_CHECK(cudaDeviceSynchronize());
-            if (g_part) KEEL_CUDA_CHECK(cudaFree(g_part));
-            KEEL_CUDA_CHECK(cudaMalloc((void **)&g_part, need));
-            g_part_cap = need;
-        }
+    const GeoRt geo = geo_of(W->bits);
+    P.sw = P.sdt == SDT_F32 ? geo.sk / W->group : geo.sk / (2 * W->group) + 1;
+    P.stride = geo.cw + 2 * kRowsPerWarp * P.sw;
+    P.nst = geo.ring / P.stride < g_max_stages ? geo.ring / P.stride : g_max_stages;
+    KEEL_ASSERTF(P.nst >= 1, "stream tile: a %d-bit ring holds %d stages", W->bits, P.nst);
+    P.l2_block = g_l2_block;
+    P.diag = g_diag;
+    const bool partials = P.splits > 1 || P.mode == MODE_REDUCE;
+    P.fold = P.mode == MODE_STORE || (long long)n_items * P.splits <= kFoldMax;
+    if (partials) {
+        grow((void **)&g_part, &g_part_cap, (size_t)P.splits * n_items * kMaxRows * W->n * sizeof(float), false);
+        grow((void **)&g_cnt, &g_cnt_cap, (size_t)P.tiles * n_items * sizeof(unsigned), true);
         P.part = g_part;
+        P.cnt = g_cnt;
     }
-    dim3 grid((unsigned)((W->n + kRowsPerBlock - 1) / kRowsPerBlock), (unsigned)gy, (unsigned)P.splits);
+    const long long blocks = (long long)P.tiles * n_items * P.splits;
+    KEEL_ASSERTF(blocks < (1ll << 31), "stream tile: %lld blocks", blocks);
     if (xdt == KEEL_DT_F16)
-        launch_bits<true>(W->bits, P, grid, st);
+        launch_bits<true>(W->bits, P, (unsigned)blocks, st);
     else
-        launch_bits<false>(W->bits, P, grid, st);
-    if (P.splits > 1 || P.mode == MODE_REDUCE) {
-        long long total = (long long)kMaxRows * W->n * (P.mode == MODE_REDUCE ? 1 : gy);
-        stream_finish<<<(unsigned)((total + 255) / 256), 256, 0, st>>>(P, gy);
+        launch_bits<false>(W->bits, P, (unsigned)blocks, st);
+    if (partials && !P.fold) {
+        const long long total = (long long)P.m * W->n * (P.mode == MODE_REDUCE ? 1 : n_items);
+        stream_finish<<<(unsigned)((total + 255) / 256), 256, 0, st>>>(P);
         KEEL_CUDA_CHECK_LAUNCH();
     }
 }
@@ -573,13 +680,28 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
 } // namespace
 
 extern "C" int keel_cuda_stream_splits(int n, int k, int n_items) {
-    /* Split k only when the blocks cannot give every SM about two (too few bytes in flight otherwise). */
-    const long long blocks = (long long)((n + kRowsPerBlock - 1) / kRowsPerBlock) * (n_items > 0 ? n_items : 1);
-    const long long sms = sm_count(), nq = (k + kQuad - 1) / kQuad;
-    if (2 * blocks >= 3 * sms) return 1;
-    long long want = (2 * sms + blocks - 1) / blocks;
+    (void)n_items; /* never the item count: a routed launch rounds each item as a launch of one would */
+    /* Split k only when the row tiles cannot give half the SMs a block; then about one block per two SMs for each
+     * item (a routed launch brings several), slices of at least two 128-code quads. */
+    const long long tiles = (n + kRowsPerBlock - 1) / kRowsPerBlock, sms = sm_count();
+    if (2 * tiles >= sms) return 1;
+    long long want = (sms + 2 * tiles - 1) / (2 * tiles);
+    const long long nq = (k + kQuad - 1) / kQuad, most = k / (2 * kQuad) > 1 ? k / (2 * kQuad) : 1;
     if (want > nq) want = nq;
+    if (want > most) want = most;
     return (int)(want < 1 ? 1 : want);
+}
+
+extern "C" bool keel_cuda_stream_tune(int l2_block, int max_stages) {
+    if (l2_block == -1 && max_stages == -1) {
+        g_l2_block = kL2Block;
+        g_max_stages = kMaxStages;
+        return true;
+    }
+    if (l2_block < 0 || l2_block > 1 || max_stages < 2 || max_stages > kMaxStages) return false;
+    g_l2_block = l2_block;
+    g_max_stages = max_stages;
+    return true;
 }
 
 extern "C" void keel_cuda_stream_matmul(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y,
@@ -589,9 +711,30 @@ extern "C" void keel_cuda_stream_matmul(const keel_cuda_qw *W, const void *x, ke
     P.m = m;
     P.mask0 = (1u << m) - 1u;
     P.y = y;
+    P.last = (long long)m * W->n - 1;
     P.epi = (int)epi;
     P.mode = MODE_STORE;
     run(W, P, xdt, ydt, 1, stream);
+}
+
+extern "C" void keel_cuda_stream_matmul_rows(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y,
+                                             keel_dtype ydt, keel_epilogue epi, void *stream) {
+    KEEL_ASSERTF(m >= 1 && m <= KEEL_CUDA_STREAM_ROWS_MAX, "stream tile: m %d (1..%d)", m, KEEL_CUDA_STREAM_ROWS_MAX);
+    if (m <= kMaxRows) {
+        keel_cuda_stream_matmul(W, x, xdt, m, y, ydt, epi, stream);
+        return;
+    }
+    Params P = {};
+    P.x = (const uint16_t *)x;
+    P.x_item = (long long)kMaxRows * W->k;
+    P.m = kMaxRows;
+    P.rows_m = m;
+    P.y = y;
+    P.y_item = (long long)kMaxRows * W->n;
+    P.last = (long long)m * W->n - 1;
+    P.epi = (int)epi;
+    P.mode = MODE_STORE;
+    run(W, P, xdt, ydt, (m + kMaxRows - 1) / kMaxRows, stream);
 }
 
 extern "C" void keel_cuda_stream_experts_up(const keel_cuda_qw *W1, const void *x, keel_dtype xdt, int m,
@@ -602,9 +745,9 @@ extern "C" void keel_cuda_stream_experts_up(const keel_cuda_qw *W1, const void *
     P.x = (const uint16_t *)x;
     P.m = m;
     P.items = items;
-    P.n_items = n_items;
     P.y = h;
     P.y_item = (long long)m * W1->n;
+    P.last = (long long)n_items * m * W1->n - 1;
     P.epi = (int)epi;
     P.mode = MODE_STORE;
     run(W1, P, xdt, hdt, n_items, stream);
@@ -619,9 +762,9 @@ extern "C" void keel_cuda_stream_experts_down(const keel_cuda_qw *W2, const void
     P.x_item = (long long)m * W2->k;
     P.m = m;
     P.items = items;
-    P.n_items = n_items;
     P.rw = weights;
     P.y = y;
+    P.last = (long long)m * W2->n - 1;
     P.epi = KEEL_EPI_NONE;
     P.mode = MODE_REDUCE;
     run(W2, P, hdt, ydt, n_items, stream);
@@ -638,6 +781,8 @@ extern "C" void keel_cuda_relu2(void *y, keel_dtype ydt, size_t count, void *str
 
 /* The contract twin includes this file with the launchers renamed: the kernel lookup is defined once, here. */
 #if !defined(keel_cuda_stream_matmul)
+extern "C" void keel_cuda_stream_diag(int mode) { g_diag = mode; }
+
 extern "C" const void *keel_cuda_kernel_fn(const char *symbol) {
     static const struct {
         const char *name;

@@ -15,6 +15,8 @@
 #include "common/testkit.h"
 
 #ifdef KEEL_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "kernels/cuda/cuda.h"
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -541,6 +543,192 @@ static void test_long_chunks(void **state) {
     }
 }
 
+/* keel_cuda_stream_matmul_rows: m up to 256 in 8-row groups. Every row against float64 (sampled columns), every
+ * output written and nothing past row m, and every row bit-equal to its own 1-row keel_cuda_stream_matmul; on a
+ * shape that splits k and one that does not. */
+static void test_rows(void **state) {
+    (void)state;
+    const struct {
+        int n, k, bits, m;
+    } cases[] = {{300, 2688, 4, 37}, {100, 2176, 3, 20}, {130, 640, 8, 256}, {70, 256, 2, 9}};
+    for (size_t ci = 0; ci < KEEL_ARRAY_LEN(cases); ci++) {
+        qm q;
+        qm_make(&q, cases[ci].n, cases[ci].k, cases[ci].bits, 64, KEEL_DT_BF16);
+        const int m = cases[ci].m, n = q.n;
+        void *dx;
+        uint16_t *x = make_x(m, q.k, KEEL_DT_BF16, &dx);
+        const size_t ny = (size_t)(m + 1) * n; /* one row of poison past the end */
+        float *dy = keel_cuda_malloc(ny * 4), *y = keel_xmalloc(ny * 4), *y1 = keel_xmalloc((size_t)n * 4);
+        keel_cuda_memset(dy, 0xff, ny * 4);
+        keel_cuda_stream_matmul_rows(&q.d, dx, KEEL_DT_BF16, m, dy, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+        keel_cuda_download(y, dy, ny * 4);
+        for (size_t i = (size_t)m * n; i < ny; i++) assert_true(isnan(y[i]));
+        for (int r = 0; r < m; r++) {
+            for (int j = 0; j < n; j++) {
+                assert_true(isfinite(y[(size_t)r * n + j]));
+                if ((j + r) % 7) continue;
+                double mag, ref = ref_dot(&q, x, KEEL_DT_BF16, r, j, &mag);
+                if (!(fabs(y[(size_t)r * n + j] - ref) <= bound(q.k, mag, ref, false))) {
+                    print_error("rows m %d: y[%d][%d] = %.9g, reference %.9g\n", m, r, j, y[(size_t)r * n + j], ref);
+                    fail();
+                }
+            }
+            keel_cuda_memset(dy, 0xff, (size_t)n * 4);
+            keel_cuda_stream_matmul(&q.d, (uint16_t *)dx + (size_t)r * q.k, KEEL_DT_BF16, 1, dy, KEEL_DT_F32,
+                                    KEEL_EPI_NONE, NULL);
+            keel_cuda_download(y1, dy, (size_t)n * 4);
+            assert_memory_equal(y1, y + (size_t)r * n, (size_t)n * 4);
+        }
+        keel_cuda_free(dy);
+        keel_cuda_free(dx);
+        free(x);
+        free(y);
+        free(y1);
+        qm_free(&q);
+    }
+}
+
+/* The k-split depends on n and k only: the item count never changes it; small n splits, lm_head does not. */
+static void test_splits(void **state) {
+    (void)state;
+    const int shapes[][2] = {{1856, 2688}, {2688, 1856}, {256, 2688}, {9, 2176}, {10304, 2688}, {131072, 2688}};
+    for (size_t i = 0; i < KEEL_ARRAY_LEN(shapes); i++)
+        for (int items = 2; items <= 64; items *= 2)
+            assert_int_equal(keel_cuda_stream_splits(shapes[i][0], shapes[i][1], items),
+                             keel_cuda_stream_splits(shapes[i][0], shapes[i][1], 1));
+    assert_true(keel_cuda_stream_splits(9, 2176, 1) >= 2);
+    assert_int_equal(keel_cuda_stream_splits(131072, 2688, 1), 1);
+}
+
+/* Routed fc2 with more partials per output than the last block adds itself (a second launch adds them): a token
+ * launched alone with its two experts (added by the tile's last block) gives the same bits as in that launch. */
+static void test_finish_paths(void **state) {
+    (void)state;
+    const int E = 8, hid = 64, inter = 2688, m = 2;
+    qm down;
+    qm_make(&down, E * hid, inter, 4, 64, KEEL_DT_BF16);
+    keel_cuda_qw d = down.d;
+    d.n = hid;
+    d.expert_words = (int64_t)hid * keel_quant_row_words(inter, 4);
+    d.expert_groups = (int64_t)hid * (inter / 64);
+    const int splits = keel_cuda_stream_splits(hid, inter, 1);
+    assert_true(splits >= 2);
+    keel_cuda_route items[8];
+    float wts[8 * 8] = {0};
+    int n_items = 0;
+    for (int e = 0; e < E && n_items * splits <= 64; e++) { /* token 0 takes every expert until past the fold */
+        items[n_items] = (keel_cuda_route){e, 1u | (e == 1 || e == 4 ? 2u : 0u)};
+        wts[n_items * 8] = (float)(0.3 + 0.1 * e);
+        wts[n_items * 8 + 1] = (float)(0.9 - 0.05 * e);
+        n_items++;
+    }
+    assert_true(n_items * splits > 64);
+    void *dh, *ditems = keel_cuda_malloc(sizeof items), *dw = keel_cuda_malloc(sizeof wts);
+    uint16_t *h = make_x(n_items * m, inter, KEEL_DT_BF16, &dh);
+    keel_cuda_upload(ditems, items, sizeof items);
+    keel_cuda_upload(dw, wts, sizeof wts);
+    float *dy = keel_cuda_malloc((size_t)m * hid * 4), y[2 * 64], ys[64];
+    keel_cuda_memset(dy, 0xff, sizeof y);
+    keel_cuda_stream_experts_down(&d, dh, KEEL_DT_BF16, m, ditems, dw, n_items, dy, KEEL_DT_F32, NULL);
+    keel_cuda_download(y, dy, sizeof y);
+    for (int j = 0; j < m * hid; j++) { /* float64: sum over items in the token's mask */
+        const int r = j / hid, c = j % hid;
+        double sum = 0, mags = 0;
+        for (int i = 0; i < n_items; i++) {
+            if (!(items[i].mask >> r & 1u)) continue;
+            double mag, ref = ref_dot(&down, h + (size_t)i * m * inter, KEEL_DT_BF16, r, items[i].expert * hid + c, &mag);
+            sum += wts[i * 8 + r] * ref;
+            mags += wts[i * 8 + r] * (mag + fabs(ref));
+        }
+        assert_true(fabs(y[j] - sum) <= 2 * bound(inter, mags, sum, false));
+    }
+    /* token 1 alone: its experts 1 and 4 in the same order, its h rows moved along */
+    keel_cuda_route solo[2] = {{1, 1u}, {4, 1u}};
+    float sw[2 * 8] = {0};
+    sw[0] = wts[1 * 8 + 1];
+    sw[8] = wts[4 * 8 + 1];
+    uint16_t *dhs = keel_cuda_malloc((size_t)2 * inter * 2);
+    keel_cuda_upload(dhs, h + ((size_t)1 * m + 1) * inter, (size_t)inter * 2);
+    keel_cuda_upload(dhs + inter, h + ((size_t)4 * m + 1) * inter, (size_t)inter * 2);
+    keel_cuda_upload(ditems, solo, sizeof solo);
+    keel_cuda_upload(dw, sw, sizeof sw);
+    keel_cuda_stream_experts_down(&d, dhs, KEEL_DT_BF16, 1, ditems, dw, 2, dy, KEEL_DT_F32, NULL);
+    keel_cuda_download(ys, dy, sizeof ys);
+    assert_memory_equal(ys, y + hid, sizeof ys);
+    keel_cuda_free(dhs);
+    keel_cuda_free(dy);
+    keel_cuda_free(dh);
+    keel_cuda_free(ditems);
+    keel_cuda_free(dw);
+    free(h);
+    qm_free(&down);
+}
+
+#define CK(call) assert_int_equal((int)(call), (int)cudaSuccess)
+
+/* Warm launches go into a CUDA graph (no allocation, no synchronization inside them): a k-split tile, a routed
+ * fc2 and a many-row launch captured once and replayed twice give the bits of the same launches made directly. */
+static void test_graph_capture(void **state) {
+    (void)state;
+    qm q, e;
+    qm_make(&q, 300, 2688, 4, 64, KEEL_DT_BF16); /* splits k */
+    qm_make(&e, 3 * 256, 1856, 5, 64, KEEL_DT_BF16);
+    keel_cuda_qw d = e.d;
+    d.n = 256;
+    d.expert_words = (int64_t)256 * keel_quant_row_words(1856, 5);
+    d.expert_groups = (int64_t)256 * (1856 / 64);
+    const int m = 24;
+    void *dx, *dh;
+    uint16_t *x = make_x(m, q.k, KEEL_DT_BF16, &dx), *h = make_x(3 * 2, 1856, KEEL_DT_BF16, &dh);
+    keel_cuda_route items[3] = {{0, 3u}, {1, 1u}, {2, 2u}};
+    float wts[3 * 8] = {0.5f, 0.25f, 0, 0, 0, 0, 0, 0, 0.75f, 0, 0, 0, 0, 0, 0, 0, 0, 1.5f};
+    void *ditems = keel_cuda_malloc(sizeof items), *dw = keel_cuda_malloc(sizeof wts);
+    keel_cuda_upload(ditems, items, sizeof items);
+    keel_cuda_upload(dw, wts, sizeof wts);
+    const size_t n1 = (size_t)300, n2 = (size_t)m * 300, n3 = (size_t)2 * 256;
+    float *dy = keel_cuda_malloc((n1 + n2 + n3) * 4), *want = keel_xmalloc((n1 + n2 + n3) * 4);
+    float *got = keel_xmalloc((n1 + n2 + n3) * 4);
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+#define LAUNCHES()                                                                                                \
+    do {                                                                                                           \
+        keel_cuda_stream_matmul(&q.d, dx, KEEL_DT_BF16, 1, dy, KEEL_DT_F32, KEEL_EPI_RELU2, st);                  \
+        keel_cuda_stream_matmul_rows(&q.d, dx, KEEL_DT_BF16, m, dy + n1, KEEL_DT_F32, KEEL_EPI_NONE, st);         \
+        keel_cuda_stream_experts_down(&d, dh, KEEL_DT_BF16, 2, ditems, dw, 3, dy + n1 + n2, KEEL_DT_F32, st);      \
+    } while (0)
+    LAUNCHES(); /* warm: buffers sized */
+    CK(cudaStreamSynchronize(st));
+    keel_cuda_download(want, dy, (n1 + n2 + n3) * 4);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    LAUNCHES();
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; rep++) {
+        keel_cuda_memset(dy, 0xff, (n1 + n2 + n3) * 4);
+        CK(cudaGraphLaunch(exec, st));
+        CK(cudaStreamSynchronize(st));
+        keel_cuda_download(got, dy, (n1 + n2 + n3) * 4);
+        assert_memory_equal(got, want, (n1 + n2 + n3) * 4);
+    }
+#undef LAUNCHES
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(st));
+    keel_cuda_free(dy);
+    keel_cuda_free(dx);
+    keel_cuda_free(dh);
+    keel_cuda_free(ditems);
+    keel_cuda_free(dw);
+    free(x);
+    free(h);
+    free(want);
+    free(got);
+    qm_free(&q);
+    qm_free(&e);
+}
+
 /* The kernel lookup the gate-5 live check uses: every launched kernel by its audit name, NULL otherwise. */
 static void test_kernel_fn(void **state) {
     (void)state;
@@ -573,6 +761,10 @@ int main(void) {
         cmocka_unit_test(test_routed),
         cmocka_unit_test(test_unaligned),
         cmocka_unit_test(test_long_chunks),
+        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_splits),
+        cmocka_unit_test(test_finish_paths),
+        cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_kernel_fn),
     };
     const char *filter = getenv("KEEL_TEST_FILTER"); /* opt-in subset (e.g. under compute-sanitizer) */
