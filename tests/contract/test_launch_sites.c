@@ -372,17 +372,18 @@ static void test_cuda_entries_are_launchers_and_registered(void **state) {
     keel_contract_register_cuda_engine(&t);
     keel_contract_register_cuda_attn(&t);
     keel_contract_register_cuda_scan(&t);
-    for (int tb = 0; tb < 3; tb++)
-    for (int j = 0; s.engine_entries[tb][j]; j++) {
-        const char *e = s.engine_entries[tb][j];
-        bool launcher = false;
-        for (int l = 0; l < s.n_launchers; l++) launcher = launcher || strcmp(s.launchers[l], e) == 0;
-        if (!launcher) fail_msg("keel_contract_cuda_engine_entries names %s, which launches no kernel", e);
-        int with_controls = 0;
-        for (int r = n_stream; r < t.n; r++)
-            with_controls += strcmp(t.regs[r].entry, e) == 0 && t.regs[r].n_controls > 0;
-        if (t.n > n_stream && with_controls == 0)
-            fail_msg("%s is listed as registered but the engine table has no registration of it with a control", e);
+    for (int tb = 0; tb < 3; tb++) {
+        for (int j = 0; s.engine_entries[tb][j]; j++) {
+            const char *e = s.engine_entries[tb][j];
+            bool launcher = false;
+            for (int l = 0; l < s.n_launchers; l++) launcher = launcher || strcmp(s.launchers[l], e) == 0;
+            if (!launcher) fail_msg("keel_contract_cuda_engine_entries names %s, which launches no kernel", e);
+            int with_controls = 0;
+            for (int r = n_stream; r < t.n; r++)
+                with_controls += strcmp(t.regs[r].entry, e) == 0 && t.regs[r].n_controls > 0;
+            if (t.n > n_stream && with_controls == 0)
+                fail_msg("%s is listed as registered but the engine table has no registration of it with a control", e);
+        }
     }
 #if defined(KEEL_HAVE_CUDA)
     assert_true(n_stream > 0); /* the table is built without touching a device */
