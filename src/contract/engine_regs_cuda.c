@@ -33,6 +33,10 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
 #define U 0x1p-24
 #define GUARD KEEL_CONTRACT_GUARD
 #define MAXB 10
+/* The quantized fp32 matvec's roundings on one output: a 32-code unit's sums as four sequential partials of 8 and a
+ * two-level tree (10), its scale and bias terms (2), the lane's units in order (one per 1024 codes), the warp's
+ * five-level tree (5). */
+#define QMV_HOPS(k) (17 + ((k) + 1023) / 1024)
 #define BF16_UNIT 0x1p-8 /* bf16 keeps 8 significant bits: rounding to nearest errs by at most 2^-8 |v| */
 
 enum { K_EMBED, K_RMSNORM, K_ADDNORM, K_ADDBIAS, K_MATVEC_F, K_MATVEC_Q, K_CONV, K_SSM, K_GATENORM, K_ATTN, K_ROUTE,
@@ -355,7 +359,7 @@ static void reference(const ecase *c, double *ref, double *bnd) {
                 }
                 const size_t j = (size_t)r * n + o;
                 ref[j] = acc;
-                bnd[j] = (q ? (64 / 32 + 6 + 3 + k / 64) : (k / 32 + 6)) * U * mag + U * fabs(acc);
+                bnd[j] = (q ? QMV_HOPS(k) : (k / 32 + 6)) * U * mag + U * fabs(acc);
             }
         break;
     }
@@ -546,7 +550,7 @@ static void reference(const ecase *c, double *ref, double *bnd) {
                     }
                     const size_t j = ((size_t)r * X_K + it) * n + o;
                     ref[j] = down ? acc : (acc > 0 ? acc * acc : 0.0);
-                    const double e = (64 / 32 + 6 + 3 + k / 64) * U * mag + U * fabs(acc);
+                    const double e = QMV_HOPS(k) * U * mag + U * fabs(acc);
                     bnd[j] = down ? e : acc > -e ? (2 * fmax(acc, 0.0) + e) * e + U * ref[j] : 0.0;
                 }
         break;

@@ -79,6 +79,7 @@ struct keel_cuda_engine {
     int start;     /* generate's first position (benchmarks of long-context decode; 0 normally) */
     int prompt_rows; /* rows per chunk of generate's prompt (ROWS: the chunked scan; <= WIN: exact windows) */
     keel_sampler_cfg graph_cfg; /* the draw the captured step ends with */
+    unsigned graph_epoch;       /* the stream tiles' scratch epoch at the capture */
     int *hpin;     /* (4) page-locked: the step's position and the next, the sampled token */
     /* device state and scratch */
     float *conv, *ssm, *kc, *vc, *mtp_k, *mtp_v;
@@ -501,10 +502,7 @@ static void mm(keel_cuda_engine *e, int fam, const keel_cuda_qw *W, const float 
     KEEL_ASSERT(!e->f32 || xf);
     if (W->bits == 0 || e->f32)
         keel_ecu_matvec(W, xf ? (const void *)xf : (const void *)xb, xf ? KEEL_DT_F32 : KEEL_DT_BF16, m, y, ydt, epi, e->st);
-    else
-        for (int r0 = 0; r0 < m; r0 += WIN) /* a prompt chunk in 8-row tiles: every row's bits as alone */
-            keel_cuda_stream_matmul(W, xb + (size_t)r0 * W->k, KEEL_DT_BF16, KEEL_MIN(WIN, m - r0),
-                                    (uint8_t *)y + (size_t)r0 * W->n * keel_dtype_size(ydt), ydt, epi, e->st);
+    else keel_cuda_stream_matmul_rows(W, xb, KEEL_DT_BF16, m, y, ydt, epi, e->st); /* a prompt chunk, one launch */
     fam_end(e);
 }
 
@@ -765,13 +763,15 @@ static keel_code step(keel_cuda_engine *e, const keel_sampler_cfg *c, int *tok, 
     e->hpin[0] = e->pos;
     e->hpin[1] = e->pos + 1;
     const bool use = e->graphs && !e->prof;
-    if (use && e->graph && !same_draw(&e->graph_cfg, c)) drop_graph(e);
+    if (use && e->graph && (!same_draw(&e->graph_cfg, c) || e->graph_epoch != keel_cuda_stream_scratch_epoch()))
+        drop_graph(e);
     if (use && !e->graph && e->warm) {
         char why[256];
         if (!keel_ecu_capture_begin(e->st, why, sizeof why)) return keel_err_set(err, KEEL_E_DEVICE, "%s", why);
         queue_step(e, c);
         if (!keel_ecu_capture_end(e->st, &e->graph, why, sizeof why)) return keel_err_set(err, KEEL_E_DEVICE, "%s", why);
         e->graph_cfg = *c;
+        e->graph_epoch = keel_cuda_stream_scratch_epoch();
     }
     if (use && e->graph) keel_ecu_graph_launch(e->graph, e->st);
     else queue_step(e, c);

@@ -181,6 +181,63 @@ struct Route {
 };
 
 /* One warp per (item, output): lane j takes codes j, j+32, ... of each group; the group sums are warp-reduced. */
+/* Code j (0..31) of a 32-code unit held in B words (LSB first), as an exact float: or-ed under 2^23, 2^23 taken off. */
+template <int B> __device__ __forceinline__ float unit_code(const uint32_t *wd, int j) {
+    const int bit = j * B, wi = bit >> 5, sh = bit & 31;
+    uint32_t q = wd[wi] >> sh;
+    if (sh + B > 32) q |= wd[wi + 1] << (32 - sh);
+    return __fsub_rn(__uint_as_float((q & ((1u << B) - 1u)) | 0x4B000000u), 8388608.0f);
+}
+
+/* A lane's share of one output of the quantized matvec: for each of its 32-code units u (lane, lane + 32, ...) the
+ * unit's scale*sum(x*q) + bias*sum(x), each sum as four interleaved partial sums of 8 codes added in a fixed tree,
+ * units added in order. The words of the next unit are loaded before this one is used. */
+template <int B>
+__device__ __forceinline__ float units_dot(const uint32_t *rw, long long go, const QW &W, const void *x, int x_bf16,
+                                           long long xo, int units, int lug, int lane) {
+    float acc = 0.0f;
+    uint32_t wd[B];
+    if (lane < units)
+#pragma unroll
+        for (int i = 0; i < B; i++) wd[i] = kp_ldg32(rw + (long long)lane * B + i);
+    for (int u = lane; u < units; u += 32) {
+        uint32_t cur[B];
+#pragma unroll
+        for (int i = 0; i < B; i++) cur[i] = wd[i];
+        if (u + 32 < units)
+#pragma unroll
+            for (int i = 0; i < B; i++) wd[i] = kp_ldg32(rw + (long long)(u + 32) * B + i);
+        const long long gi = go + (u >> lug);
+        const float sc = ld_dt(W.sc, W.sdt, gi), bi = ld_dt(W.bi, W.sdt, gi);
+        float sxq[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const long long x0 = xo + (long long)u * 32;
+#pragma unroll
+        for (int v = 0; v < 4; v++) { /* 8 activations a step: one 16-byte load (bf16) or two (fp32) */
+            float xv[8];
+            if (x_bf16) {
+                const uint4 h = *((const uint4 *)((const uint16_t *)x + x0) + v);
+                const uint32_t hw[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) xv[2 * i] = __uint_as_float(hw[i] << 16), xv[2 * i + 1] = __uint_as_float(hw[i] & 0xffff0000u);
+            } else {
+                const float4 a = *((const float4 *)((const float *)x + x0) + 2 * v), b = *((const float4 *)((const float *)x + x0) + 2 * v + 1);
+                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int j = 8 * v + i;
+                sxq[j & 3] = __fmaf_rn(xv[i], unit_code<B>(cur, j), sxq[j & 3]);
+                sx[j & 3] = __fadd_rn(sx[j & 3], xv[i]);
+            }
+        }
+        const float q = __fadd_rn(__fadd_rn(sxq[0], sxq[1]), __fadd_rn(sxq[2], sxq[3]));
+        const float t = __fadd_rn(__fadd_rn(sx[0], sx[1]), __fadd_rn(sx[2], sx[3]));
+        const float bterm = PLANTED(KEEL_ECU_PLANT_NOBIAS) ? 0.0f : __fmul_rn(bi, t);
+        acc = __fadd_rn(acc, __fmaf_rn(sc, q, bterm));
+    }
+    return acc;
+}
+
 /* One output of the fp32 matvec per warp (warp = item * n + output); shared by matvec_kernel and router_kernel. */
 __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const void *x, int x_bf16, int m, void *y,
                                             int y_bf16, int epi, int warp, int lane) {
@@ -198,23 +255,19 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
         }
         acc = warp_sum(acc);
         if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && m > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-22f);
-    } else {
+    } else { /* lane l takes the 32-code units l, l+32, ...; each unit is `bits` whole words */
         const uint32_t *rw = W.w + ex * R.ew + (long long)o * ((long long)W.k * W.bits / 32);
-        const int ng = W.k / W.group;
-        for (int g = 0; g < ng; g++) {
-            float sxq = 0.0f, sx = 0.0f;
-            for (int j = lane; j < W.group; j += 32) {
-                int c = g * W.group + j;
-                float xv = x_bf16 ? kp_bf16_to_f32(((const uint16_t *)x)[xo + c]) : ((const float *)x)[xo + c];
-                sxq = __fadd_rn(sxq, __fmul_rn(xv, (float)code_at(rw, W.bits, c)));
-                sx = __fadd_rn(sx, xv);
-            }
-            sxq = warp_sum(sxq);
-            sx = warp_sum(sx);
-            long long gi = ex * R.es + (long long)o * ng + g;
-            const float bterm = PLANTED(KEEL_ECU_PLANT_NOBIAS) ? 0.0f : __fmul_rn(ld_dt(W.bi, W.sdt, gi), sx);
-            acc = __fadd_rn(acc, __fadd_rn(__fmul_rn(ld_dt(W.sc, W.sdt, gi), sxq), bterm));
+        const long long go = ex * R.es + (long long)o * (W.k / W.group);
+        const int units = W.k >> 5, lug = 31 - __clz(W.group) - 5;
+        switch (W.bits) {
+        case 2: acc = units_dot<2>(rw, go, W, x, x_bf16, xo, units, lug, lane); break;
+        case 3: acc = units_dot<3>(rw, go, W, x, x_bf16, xo, units, lug, lane); break;
+        case 4: acc = units_dot<4>(rw, go, W, x, x_bf16, xo, units, lug, lane); break;
+        case 5: acc = units_dot<5>(rw, go, W, x, x_bf16, xo, units, lug, lane); break;
+        case 6: acc = units_dot<6>(rw, go, W, x, x_bf16, xo, units, lug, lane); break;
+        default: acc = units_dot<8>(rw, go, W, x, x_bf16, xo, units, lug, lane); break;
         }
+        acc = warp_sum(acc);
     }
     if (lane == 0) {
         if (epi == KEEL_EPI_RELU2) acc = acc > 0.0f ? __fmul_rn(acc, acc) : 0.0f;

@@ -85,6 +85,10 @@ bool keel_cuda_stream_tune(int l2_block, int max_stages);
  * 0 (the default) restores the tiles. */
 void keel_cuda_stream_diag(int mode);
 
+/* Changes whenever the tiles' scratch (k-split partials, arrival counters) is reallocated, which a launch does only
+ * the first time it needs more: a CUDA graph captured before a change holds freed memory and must be captured again. */
+unsigned keel_cuda_stream_scratch_epoch(void);
+
 /* `keel bench stream`: the stream tiles against the chip's read bandwidth and cuBLAS (src/kernels/cuda). */
 int keel_cuda_bench_stream(int argc, char **argv);
 /* The chip's read bandwidth (GB/s) measured now by a plain 16-byte streaming read of 1 GiB (benchmarks' yardstick). */

@@ -562,8 +562,11 @@ int sm_count(void) {
 }
 
 /* Grows a device buffer to `need` bytes (zeroed when asked); a no-op once warm, so launches can be captured. */
+unsigned g_epoch = 0; /* bumped whenever a scratch buffer moves: a captured graph holding the old one is stale */
+
 void grow(void **buf, size_t *cap, size_t need, bool zero) {
     if (need <= *cap) return;
+    g_epoch++;
     KEEL_CUDA_CHECK(cudaDeviceSynchronize());
     if (*buf) KEEL_CUDA_CHECK(cudaFree(*buf));
     KEEL_CUDA_CHECK(cudaMalloc(buf, need));
@@ -678,6 +681,10 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
 }
 
 } // namespace
+
+#if !defined(keel_cuda_stream_matmul) /* the contract twin's copy keeps its own scratch and needs no epoch */
+extern "C" unsigned keel_cuda_stream_scratch_epoch(void) { return g_epoch; }
+#endif
 
 extern "C" int keel_cuda_stream_splits(int n, int k, int n_items) {
     (void)n_items; /* never the item count: a routed launch rounds each item as a launch of one would */
