@@ -1,0 +1,24 @@
+"""Per-kernel GPU time of one launch-by-launch decode step from an `ncu --csv --metrics gpu__time_duration.sum` log
+of `keel bench decode DIR --prompt-tokens 8 --tokens 2 --graphs off`: the kernels between the first two draws
+(argmax_kernel) are one decode step. Prints time by kernel, the step's total and its kernel count."""
+import csv, sys, collections
+
+rows = []
+with open(sys.argv[1]) as f:
+    lines = [l for l in f if l.startswith('"')]
+for r in csv.DictReader(lines):
+    if r.get("Metric Name") == "gpu__time_duration.sum":
+        rows.append((r["Kernel Name"].split("(")[0].strip(), float(r["Metric Value"].replace(",", ""))))
+draws = [i for i, (n, _) in enumerate(rows) if n.startswith("argmax_kernel")]
+if len(draws) < 2:
+    sys.exit(f"fewer than two draws among {len(rows)} kernels")
+step = rows[draws[0] + 1 : draws[1] + 1]
+tot = sum(t for _, t in step)
+by = collections.defaultdict(lambda: [0.0, 0])
+for n, t in step:
+    by[n][0] += t
+    by[n][1] += 1
+print(f"one decode step: {len(step)} kernels, {tot / 1e3:.1f} us of GPU time (sum of kernel durations)")
+print(f"{'kernel':40s} {'launches':>8s} {'us':>10s} {'share':>7s} {'us/launch':>10s}")
+for n, (t, c) in sorted(by.items(), key=lambda kv: -kv[1][0]):
+    print(f"{n[:40]:40s} {c:8d} {t / 1e3:10.1f} {100 * t / tot:6.1f}% {t / 1e3 / c:10.2f}")
