@@ -20,7 +20,7 @@
 const char *const keel_contract_cuda_engine_entries[] = {
     "keel_ecu_embed", "keel_ecu_rmsnorm", "keel_ecu_add_rmsnorm", "keel_ecu_add_bias", "keel_ecu_matvec",
     "keel_ecu_conv",  "keel_ecu_ssm",     "keel_ecu_gate_norm",   "keel_ecu_attention", "keel_ecu_route",
-    "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", "keel_ecu_route_union", "keel_ecu_router", NULL};
+    "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", "keel_ecu_route_union", NULL};
 
 #if !defined(KEEL_HAVE_CUDA)
 int keel_contract_register_cuda_engine(keel_contract_table *t) {
@@ -32,7 +32,7 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
 
 #define U 0x1p-24
 #define GUARD KEEL_CONTRACT_GUARD
-#define MAXB 10
+#define MAXB 8
 /* The quantized fp32 matvec's roundings on one output: a 32-code unit's sums as four sequential partials of 8 and a
  * two-level tree (10), its scale and bias terms (2), the lane's units in order (one per 1024 codes), the warp's
  * five-level tree (5). */
@@ -40,7 +40,7 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
 #define BF16_UNIT 0x1p-8 /* bf16 keeps 8 significant bits: rounding to nearest errs by at most 2^-8 |v| */
 
 enum { K_EMBED, K_RMSNORM, K_ADDNORM, K_ADDBIAS, K_MATVEC_F, K_MATVEC_Q, K_CONV, K_SSM, K_GATENORM, K_ATTN, K_ROUTE,
-       K_ARGMAX, K_ROUTED_UP, K_ROUTED_DOWN, K_COMBINE, K_UNION, K_ROUTER, K_N };
+       K_ARGMAX, K_ROUTED_UP, K_ROUTED_DOWN, K_COMBINE, K_UNION, K_N };
 enum { R_IN, R_OUT, R_STATE, R_SCRATCH };
 
 typedef struct buf {
@@ -162,14 +162,6 @@ static void layout(ecase *c) {
         break;
     }
     case K_ARGMAX: add(c, KEEL_DT_F32, n, 0, R_IN), add(c, KEEL_DT_I32, 1, 0, R_OUT); break;
-    case K_ROUTER: { /* n experts over k inputs (BF16 gate), R_K1 a row: logits, the router's outputs, the unions */
-        const size_t K = R_K1, cap = (size_t)KEEL_MIN(n, 8 * R_K1), groups = (m + 7) / 8;
-        add(c, KEEL_DT_BF16, n * k, 0, R_IN), add(c, KEEL_DT_F32, n, 0, R_IN), add(c, KEEL_DT_F32, m * k, k, R_IN);
-        add(c, KEEL_DT_F32, m * n, n, R_OUT), add(c, KEEL_DT_U32, m * K * 2, K * 2, R_OUT);
-        add(c, KEEL_DT_F32, m * K * 8, K * 8, R_OUT), add(c, KEEL_DT_I32, m * K, K, R_OUT);
-        add(c, KEEL_DT_U32, groups * cap * 2, 0, R_OUT), add(c, KEEL_DT_F32, groups * cap * 8, 0, R_OUT);
-        break;
-    }
     case K_UNION: { /* n experts, k = top_k; per group of 8 rows cap = min(n, 8k) items */
         const size_t cap = (size_t)KEEL_MIN(n, 8 * k), groups = (m + 7) / 8;
         add(c, KEEL_DT_I32, m * k, k, R_IN), add(c, KEEL_DT_F32, m * k * 8, k * 8, R_IN);
@@ -219,14 +211,6 @@ static void generate(ecase *c, uint64_t seed, int dist) {
     case K_ROUTE: /* logits on a grid of 1/16 in [-2, 2] and correction bias on 1/8: exact ties occur */
         for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, floor(runif(&r) * 65.0) / 16.0 - 2.0);
         for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, floor(runif(&r) * 3.0) / 8.0 - 0.125);
-        break;
-    case K_ROUTER: /* gate in {-1, 0, 1}/4 and x on a grid of 1/16 (1/32): every logit exact in fp32 and distinct
-                    * logits' sigmoids many ulps apart, so the float64 router of the kernel's logits makes the kernel's
-                    * choices. No correction bias: sigmoid + bias can come within an ulp of another expert's (the
-                    * bias is covered by route/e16k6, and gate 4 holds this kernel to route_kernel's bits) */
-        for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, (floor(runif(&r) * 3.0) - 1.0) * 0.25);
-        for (size_t j = 0; j < c->b[2].n; j++) hset(&c->b[2], j, (floor(runif(&r) * 33.0) - 16.0) / (dist ? 32.0 : 16.0));
-        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, 0.0);
         break;
     case K_UNION: /* each row's k experts distinct, as the router picks them */
         for (int row = 0; row < c->m; row++) {
@@ -676,21 +660,19 @@ typedef struct ekernel {
                           void *);
     void (*combine)(const float *, const float *, int, int, int, float *, void *);
     void (*route_union)(const int *, const float *, int, int, int, int, keel_cuda_route *, float *, void *);
-    void (*router)(const keel_cuda_qw *, const float *, int, float *, const keel_ecu_vec *, int, int, int, bool, float,
-                   keel_cuda_route *, float *, int *, int, keel_cuda_route *, float *, void *);
 } ekernel;
 
 static const ekernel REAL = {keel_ecu_embed, keel_ecu_rmsnorm, keel_ecu_add_rmsnorm, keel_ecu_add_bias,
                              keel_ecu_matvec, keel_ecu_conv, keel_ecu_ssm, keel_ecu_gate_norm, keel_ecu_attention,
                              keel_ecu_route, keel_ecu_argmax, keel_ecu_matvec_routed, keel_ecu_combine,
-                             keel_ecu_route_union, keel_ecu_router};
+                             keel_ecu_route_union};
 static const ekernel TWIN = {keel_contract_twin_ecu_embed, keel_contract_twin_ecu_rmsnorm,
                              keel_contract_twin_ecu_add_rmsnorm, keel_contract_twin_ecu_add_bias,
                              keel_contract_twin_ecu_matvec, keel_contract_twin_ecu_conv, keel_contract_twin_ecu_ssm,
                              keel_contract_twin_ecu_gate_norm, keel_contract_twin_ecu_attention,
                              keel_contract_twin_ecu_route, keel_contract_twin_ecu_argmax,
                              keel_contract_twin_ecu_matvec_routed, keel_contract_twin_ecu_combine,
-                             keel_contract_twin_ecu_route_union, keel_contract_twin_ecu_router};
+                             keel_contract_twin_ecu_route_union};
 
 static keel_ecu_vec vec(const ecase *c, int i) {
     return (keel_ecu_vec){dptr(&c->b[i]), c->b[i].dt, (int)c->b[i].n};
@@ -767,33 +749,12 @@ static void launch_with(const ekernel *K, const ecase *c) {
     }
     case K_COMBINE: K->combine(p[0], p[1], m, R_K1, n, p[2], NULL); break;
     case K_UNION: K->route_union(p[0], p[1], m, k, n, KEEL_MIN(n, 8 * k), p[2], p[3], NULL); break;
-    case K_ROUTER: {
-        keel_cuda_qw W = {p[0], NULL, NULL, n, k, 0, 0, KEEL_DT_BF16, 0, 0};
-        keel_ecu_vec corr = vec(c, 1);
-        K->router(&W, p[2], m, p[3], &corr, R_K1, 1, 1, true, 2.5f, p[4], p[5], p[6], KEEL_MIN(n, 8 * R_K1), p[7], p[8],
-                  NULL);
-        break;
-    }
     }
 }
 
 static void launch_real(const keel_contract_reg *reg, const keel_contract_args *a) {
     (void)reg;
     launch_with(&REAL, a->x);
-}
-
-/* The sequence the fused router replaces: the fp32 matvec, route, route_union as three launches (gate 4). */
-static void launch_router_sequence(const keel_contract_reg *reg, const keel_contract_args *a) {
-    (void)reg;
-    const ecase *c = a->x;
-    const int m = c->m, n = c->n, k = c->k;
-    void *p[MAXB];
-    for (int i = 0; i < c->nb; i++) p[i] = dptr(&c->b[i]);
-    keel_cuda_qw W = {p[0], NULL, NULL, n, k, 0, 0, KEEL_DT_BF16, 0, 0};
-    keel_ecu_vec corr = vec(c, 1);
-    keel_ecu_matvec(&W, p[2], KEEL_DT_F32, m, p[3], KEEL_DT_F32, KEEL_EPI_NONE, NULL);
-    keel_ecu_route(p[3], &corr, n, R_K1, 1, 1, true, 2.5f, m, p[4], p[5], p[6], NULL);
-    keel_ecu_route_union(p[6], p[5], m, R_K1, n, KEEL_MIN(n, 8 * R_K1), p[7], p[8], NULL);
 }
 
 #define TWIN_FN(fault)                                                                     \
@@ -851,37 +812,7 @@ static double oget(const buf *b, const void *o, size_t j) {
 }
 
 /* Gate 3 on one case: every output within its bound, integers exact, float outputs not all equal. */
-static bool check_ref(const ecase *c, void **outs, keel_contract_gate_result *gr);
-
-/* Gate 3 of the fused router, stage by stage: the logits against the float64 matvec, then the routing against the
- * float64 router of the logits it computed, then the unions against the exact union of the routing it chose. */
-static bool check_router(const ecase *c, void **outs, keel_contract_gate_result *gr) {
-    ecase mv = {.kind = K_MATVEC_F, .m = c->m, .n = c->n, .k = c->k};
-    layout(&mv);
-    memcpy(mv.b[0].h, c->b[0].h, bytes_of(&c->b[0])), memcpy(mv.b[1].h, c->b[2].h, bytes_of(&c->b[2]));
-    void *o_mv[MAXB] = {0};
-    o_mv[2] = outs[3];
-    bool ok = check_ref(&mv, o_mv, gr);
-    case_free(&mv);
-    ecase rt = {.kind = K_ROUTE, .m = c->m, .n = c->n, .k = R_K1};
-    layout(&rt);
-    memcpy(rt.b[0].h, outs[3], bytes_of(&rt.b[0])), memcpy(rt.b[1].h, c->b[1].h, bytes_of(&rt.b[1]));
-    void *o_rt[MAXB] = {0};
-    o_rt[2] = outs[4], o_rt[3] = outs[5], o_rt[4] = outs[6];
-    ok = ok && check_ref(&rt, o_rt, gr);
-    case_free(&rt);
-    ecase un = {.kind = K_UNION, .m = c->m, .n = c->n, .k = R_K1};
-    layout(&un);
-    memcpy(un.b[0].h, outs[6], bytes_of(&un.b[0])), memcpy(un.b[1].h, outs[5], bytes_of(&un.b[1]));
-    void *o_un[MAXB] = {0};
-    o_un[2] = outs[7], o_un[3] = outs[8];
-    ok = ok && check_ref(&un, o_un, gr);
-    case_free(&un);
-    return ok;
-}
-
 static bool check_ref(const ecase *c, void **outs, keel_contract_gate_result *gr) {
-    if (c->kind == K_ROUTER) return check_router(c, outs, gr);
     const size_t N = n_out(c);
     double *ref = keel_xcalloc(N + 1, sizeof(double)), *bnd = keel_xcalloc(N + 1, sizeof(double));
     reference(c, ref, bnd);
@@ -945,7 +876,7 @@ static ecase row_case(const ecase *c, int r) {
 
 static bool sequential(int kind) { return kind == K_CONV || kind == K_SSM; }
 /* The union of a group's experts depends on every row of the group by definition: no per-row check. */
-static bool rowwise(int kind) { return !sequential(kind) && kind != K_UNION && kind != K_ROUTER; }
+static bool rowwise(int kind) { return !sequential(kind) && kind != K_UNION; }
 
 static void engine_run(const keel_contract_table *t, const keel_contract_reg *reg, keel_contract_launch_fn launch,
                        int max_gate, keel_contract_result *res) {
@@ -982,14 +913,6 @@ static void engine_run(const keel_contract_table *t, const keel_contract_reg *re
                             gr->pass = run_case(reg, launch, &c, o2, true, gr->detail, sizeof gr->detail) &&
                                        same_bits(&c, o1, o2, -1, gr->detail, sizeof gr->detail);
                             free_outs(&c, o2);
-                            if (gr->pass && c.kind == K_ROUTER) { /* the fused router equals the three launches */
-                                gr->pass = run_case(reg, launch_router_sequence, &c, o2, true, gr->detail,
-                                                    sizeof gr->detail) &&
-                                           same_bits(&c, o1, o2, -1, gr->detail, sizeof gr->detail);
-                                if (!gr->pass) strncat(gr->detail, " (fused router vs matvec, route, route_union)",
-                                                       sizeof gr->detail - strlen(gr->detail) - 1);
-                                free_outs(&c, o2);
-                            }
                             if (gr->pass && m > 1 && rowwise(c.kind))
                                 for (int r = 0; r < m && gr->pass; r++) {
                                     ecase rc = row_case(&c, r);
@@ -1080,7 +1003,6 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
         {K_ROUTED_DOWN, "matvec-routed/q4g64/bf16/per-item", "keel_ecu_matvec_routed", 2, {{24, 64, 1, 3}, {130, 256, 8, 8}}, twin_NOBIAS, "bias-dropped", 3},
         {K_COMBINE, "combine/k6", "keel_ecu_combine", 2, {{40, 0, 1, 3}, {300, 0, 8, 8}}, twin_NOBIAS, "slot-dropped", 3},
         {K_ARGMAX, "argmax", "keel_ecu_argmax", 2, {{7, 0, 1, 1}, {5000, 0, 1, 1}}, twin_TIES, "ties-to-higher-id", 3},
-        {K_ROUTER, "router-fused/bf16/k6", "keel_ecu_router", 2, {{16, 64, 1, 8}, {128, 512, 9, 12}}, twin_ORDER, "descending-order", 3},
         {K_UNION, "route-union/k6", "keel_ecu_route_union", 2, {{16, R_K1, 1, 8}, {128, R_K1, 9, 20}}, twin_ORDER, "descending-order", 3},
     };
     int added = 0;

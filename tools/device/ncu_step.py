@@ -8,7 +8,8 @@ with open(sys.argv[1]) as f:
     lines = [l for l in f if l.startswith('"')]
 for r in csv.DictReader(lines):
     if r.get("Metric Name") == "gpu__time_duration.sum":
-        rows.append((r["Kernel Name"].split("(")[0].strip(), float(r["Metric Value"].replace(",", ""))))
+        name = r["Kernel Name"].split("(")[0].strip().split("::")[-1]
+        rows.append((name, float(r["Metric Value"].replace(",", ""))))
 draws = [i for i, (n, _) in enumerate(rows) if n.startswith("argmax_kernel")]
 if len(draws) < 2:
     sys.exit(f"fewer than two draws among {len(rows)} kernels")

@@ -137,11 +137,6 @@ void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K,
  * weights w (m*K*8, as keel_ecu_route writes them); padded to cap (>= the union's size) with (0, 0) items. */
 void keel_ecu_route_union(const int *sel, const float *w, int m, int K, int E, int cap, keel_cuda_route *items,
                           float *weights, void *st);
-/* The MoE router in one launch: logits (m, E) = x (m, k) fp32 . W^T (keel_ecu_matvec), then keel_ecu_route into
- * items1, w1, sel, then keel_ecu_route_union into items, weights (cap per group): the same bits as the three. */
-void keel_ecu_router(const keel_cuda_qw *W, const float *x, int m, float *logits, const keel_ecu_vec *corr, int K,
-                     int n_group, int topk_group, bool norm_topk, float scaling, keel_cuda_route *items1, float *w1,
-                     int *sel, int cap, keel_cuda_route *items, float *weights, void *st);
 /* out = index of the largest of v (n), ties to the lower index, NaN never wins. */
 void keel_ecu_argmax(const float *v, int n, int *out, void *st);
 
@@ -183,10 +178,6 @@ void keel_contract_twin_ecu_route(const float *logits, const keel_ecu_vec *corr,
                                   int topk_group, bool norm_topk, float scaling, int m, keel_cuda_route *items,
                                   float *weights, int *sel, void *st);
 void keel_contract_twin_ecu_argmax(const float *v, int n, int *out, void *st);
-void keel_contract_twin_ecu_router(const keel_cuda_qw *W, const float *x, int m, float *logits,
-                                   const keel_ecu_vec *corr, int K, int n_group, int topk_group, bool norm_topk,
-                                   float scaling, keel_cuda_route *items1, float *w1, int *sel, int cap,
-                                   keel_cuda_route *items, float *weights, void *st);
 void keel_contract_twin_ecu_route_union(const int *sel, const float *w, int m, int K, int E, int cap,
                                         keel_cuda_route *items, float *weights, void *st);
 

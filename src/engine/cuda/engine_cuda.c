@@ -557,9 +557,11 @@ static void moe(keel_cuda_engine *e, const dmoe *w, int m) {
     const keel_config *g = e->cfg;
     const int H = g->hidden, K = g->top_k, E = g->n_experts;
     const int cap = KEEL_MIN(E, WIN * K);
-    fam_begin(e, KEEL_CUF_ROUTER); /* logits, top-k and the 8-row groups' unions in one launch */
-    keel_ecu_router(&w->gate, e->xnf, m, e->router, &w->corr, K, g->n_group, g->topk_group, g->norm_topk_prob,
-                    g->routed_scaling, e->items1, e->rw1, e->sel, cap, e->items, e->rweights, e->st);
+    fam_begin(e, KEEL_CUF_ROUTER); /* logits, top-k, then the 8-row groups' unions */
+    keel_ecu_matvec(&w->gate, e->xnf, KEEL_DT_F32, m, e->router, KEEL_DT_F32, KEEL_EPI_NONE, e->st);
+    keel_ecu_route(e->router, &w->corr, E, K, g->n_group, g->topk_group, g->norm_topk_prob, g->routed_scaling, m,
+                   e->items1, e->rw1, e->sel, e->st);
+    if (!e->f32) keel_ecu_route_union(e->sel, e->rw1, m, K, E, cap, e->items, e->rweights, e->st);
     fam_end(e);
     fam_begin(e, KEEL_CUF_EXPERTS);
     if (e->f32) { /* every row's items in one launch: the fp32 matvec never splits k */

@@ -238,7 +238,7 @@ __device__ __forceinline__ float units_dot(const uint32_t *rw, long long go, con
     return acc;
 }
 
-/* One output of the fp32 matvec per warp (warp = item * n + output); shared by matvec_kernel and router_kernel. */
+/* One output of the fp32 matvec per warp (warp = item * n + output). */
 __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const void *x, int x_bf16, int m, void *y,
                                             int y_bf16, int epi, int warp, int lane) {
     const int items = R.sel ? m * R.K : m;
@@ -427,7 +427,7 @@ __device__ __forceinline__ bool better(float sa, int a, float sb, int b) {
 
 /* One warp per row: sigmoid scores, correction bias, group filter, top-k by (score, lower id), weights. */
 /* The router of row r by one warp, in shared scratch s, b (E floats), used (E bytes), chosen (64 ints), gs (64
- * floats) and keep (64 bytes, the group filter's); shared by route_kernel and router_kernel. */
+ * floats) and keep (64 bytes, the group filter's). */
 __device__ __forceinline__ void route_row(const float *logits, const DVec &corr, int E, int K, int n_group,
                                           int topk_group, int norm_topk, float scaling, keel_cuda_route *items,
                                           float *weights, int *sel, int r, int lane, float *s, float *b,
@@ -550,43 +550,6 @@ __global__ void union_kernel(const int *sel, const float *w, int m, int K, int E
                              float *weights) {
     __shared__ int live[32];
     union_group(sel, w, m, K, E, cap, items, weights, blockIdx.x, threadIdx.x, live);
-}
-
-/* The MoE router in one launch: the fp32 router matvec (router_kernel's blocks, warp per logit, as matvec_kernel),
- * then the last block to finish (a ticket counter; the logits made visible by a fence) routes every row (one warp a
- * row, as route_kernel) and builds the 8-row groups' unions (as union_kernel), and resets the counter for the next
- * launch. The same device functions as the three kernels it replaces: the same bits. */
-constexpr int kRouterThreads = 256;
-__device__ unsigned g_router_ticket;
-
-__global__ void router_kernel(QW W, const float *x, int m, float *logits, DVec corr, int K, int n_group,
-                              int topk_group, int norm_topk, float scaling, keel_cuda_route *items1, float *w1,
-                              int *sel, int cap, keel_cuda_route *items, float *weights, int warps) {
-    const int E = W.n, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    const Route R = {nullptr, 1, 0, 0, 0};
-    matvec_warp(W, R, x, 0, m, logits, 0, KEEL_EPI_NONE, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane);
-    __shared__ unsigned last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&g_router_ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    extern __shared__ unsigned char rsm[]; /* per warp: s, b (E floats), chosen (64 ints), gs (64), keep, used */
-    const size_t per = (size_t)E * 9 + 576, per_al = (per + 15) & ~(size_t)15;
-    unsigned char *mine = rsm + (size_t)wid * per_al;
-    float *s = (float *)mine, *b = s + E;
-    int *chosen = (int *)(b + E);
-    float *gs = (float *)(chosen + 64);
-    unsigned char *keep = (unsigned char *)(gs + 64), *used = keep + 64;
-    for (int r = wid; wid < warps && r < m; r += warps) /* the warps whose scratch fits in shared memory */
-        route_row(logits, corr, E, K, n_group, topk_group, norm_topk, scaling, items1, w1, sel, r, lane, s, b, used,
-                  chosen, gs, keep);
-    __threadfence_block();
-    __syncthreads();
-    for (int g = wid; wid < warps && g < (m + 7) / 8; g += warps)
-        union_group(sel, w1, m, K, E, cap, items, weights, g, lane, (int *)mine);
-    if (threadIdx.x == 0) g_router_ticket = 0u;
 }
 
 constexpr int kArgThreads = 1024;
@@ -721,23 +684,6 @@ extern "C" void KEEL_ECU_FN(route_union)(const int *sel, const float *w, int m, 
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void KEEL_ECU_FN(router)(const keel_cuda_qw *W, const float *x, int m, float *logits,
-                                    const keel_ecu_vec *corr, int K, int n_group, int topk_group, bool norm_topk,
-                                    float scaling, keel_cuda_route *items1, float *w1, int *sel, int cap,
-                                    keel_cuda_route *items, float *weights, void *st) {
-    const int E = W->n;
-    KEEL_ASSERTF(E >= 1 && E <= kMaxExperts && K >= 1 && K <= 64 && K <= E && n_group <= 64 && m >= 1 && cap >= 1,
-                 "router E %d K %d m %d", E, K, m);
-    const size_t per = ((size_t)E * 9 + 576 + 15) & ~(size_t)15;
-    const int warps = (int)KEEL_MIN((size_t)(kRouterThreads / 32), (size_t)(40 * 1024) / per);
-    const size_t smem = per * (size_t)warps;
-    const long long threads = (long long)m * E * 32;
-    router_kernel<<<blocks_for(threads, kRouterThreads), kRouterThreads, smem, (cudaStream_t)st>>>(
-        qw(W), x, m, logits, dv(corr), K, n_group, topk_group, norm_topk ? 1 : 0, scaling, items1, w1, sel, cap, items,
-        weights, warps);
-    KEEL_CUDA_CHECK_LAUNCH();
-}
-
 extern "C" void KEEL_ECU_FN(argmax)(const float *v, int n, int *out, void *st) {
     argmax_kernel<<<1, kArgThreads, 0, (cudaStream_t)st>>>(v, n, out);
     KEEL_CUDA_CHECK_LAUNCH();
@@ -758,7 +704,7 @@ extern "C" const void *keel_ecu_kernel_fn(const char *symbol) {
         {"conv_kernel", (const void *)conv_kernel},           {"ssm_kernel", (const void *)ssm_kernel},
         {"gate_norm_kernel", (const void *)gate_norm_kernel}, {"attention_kernel", (const void *)attention_kernel},
         {"route_kernel", (const void *)route_kernel},         {"argmax_kernel", (const void *)argmax_kernel},
-        {"union_kernel", (const void *)union_kernel},         {"router_kernel", (const void *)router_kernel},
+        {"union_kernel", (const void *)union_kernel},
     };
     if (!symbol) return NULL;
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
