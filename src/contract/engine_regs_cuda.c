@@ -492,7 +492,7 @@ static void reference(const ecase *c, double *ref, double *bnd) {
                 for (int i = 0; i < E; i++)
                     if (!keep[i / per]) b[i] = 0.0;
             }
-            bool used[64] = {false};
+            bool *used = keel_xcalloc((size_t)E, sizeof(bool)); /* one flag an expert: E may exceed 64 */
             int sel[64];
             double sum = 0;
             for (int t = 0; t < K; t++) {
@@ -509,6 +509,7 @@ static void reference(const ecase *c, double *ref, double *bnd) {
                     ref[o_w + it * 8 + j] = w, bnd[o_w + it * 8 + j] = (K + 12) * U * fabs(w);
                 }
             }
+            free(used);
         }
         free(sg), free(b);
         break;
