@@ -1,0 +1,39 @@
+"""keel bench decode refuses bad options with a message naming the option, before touching a model or a device:
+--context below --prompt-tokens, --context or --graphs on the CPU backend, values that are not numbers or on/off."""
+import os
+import subprocess
+import sys
+
+BIN = os.environ.get("KEEL_BIN")
+FIX = os.path.join(os.environ.get("KEEL_FIXTURES", ""), "nemotron_h_tiny")
+
+
+def bench(*args):
+    return subprocess.run([BIN, "bench", "decode", FIX, *args], capture_output=True, text=True, timeout=120)
+
+
+def expect(args, needle):
+    r = bench(*args)
+    assert r.returncode != 0, (args, r.stdout)
+    assert needle in r.stderr, (args, r.stderr)
+
+
+def main():
+    if not BIN:
+        print("skip: KEEL_BIN is not set")
+        return 77
+    expect(["--context", "abc"], "--context 'abc': expected 1..16777216")
+    expect(["--context", "0"], "--context '0': expected 1..16777216")
+    expect(["--graphs", "maybe"], "--graphs 'maybe': expected on or off")
+    expect(["--graphs"], "--graphs '': expected on or off")
+    expect(["--context", "100", "--backend", "cpu"], "--context and --graphs are CUDA engine options")
+    expect(["--graphs", "off", "--backend", "cpu"], "--context and --graphs are CUDA engine options")
+    r = bench("--context", "5", "--prompt-tokens", "10", "--backend", "cuda")
+    assert r.returncode != 0, r.stdout
+    assert ("--context must be at least --prompt-tokens" in r.stderr or "built without CUDA" in r.stderr), r.stderr
+    print("bench decode option refusals: 7 cases")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
