@@ -19,7 +19,7 @@
 
 const char *const keel_contract_cuda_engine_entries[] = {
     "keel_ecu_embed", "keel_ecu_rmsnorm", "keel_ecu_add_rmsnorm", "keel_ecu_add_bias", "keel_ecu_matvec",
-    "keel_ecu_conv",  "keel_ecu_ssm",     "keel_ecu_gate_norm",   "keel_ecu_attention", "keel_ecu_route",
+    "keel_ecu_conv",  "keel_ecu_ssm",     "keel_ecu_gate_norm",   "keel_ecu_route",
     "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", "keel_ecu_route_union", NULL};
 
 #if !defined(KEEL_HAVE_CUDA)
@@ -39,7 +39,7 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
 #define QMV_HOPS(k) (17 + ((k) + 1023) / 1024)
 #define BF16_UNIT 0x1p-8 /* bf16 keeps 8 significant bits: rounding to nearest errs by at most 2^-8 |v| */
 
-enum { K_EMBED, K_RMSNORM, K_ADDNORM, K_ADDBIAS, K_MATVEC_F, K_MATVEC_Q, K_CONV, K_SSM, K_GATENORM, K_ATTN, K_ROUTE,
+enum { K_EMBED, K_RMSNORM, K_ADDNORM, K_ADDBIAS, K_MATVEC_F, K_MATVEC_Q, K_CONV, K_SSM, K_GATENORM, K_ROUTE,
        K_ARGMAX, K_ROUTED_UP, K_ROUTED_DOWN, K_COMBINE, K_UNION, K_N };
 enum { R_IN, R_OUT, R_STATE, R_SCRATCH };
 
@@ -53,7 +53,6 @@ typedef struct buf {
 
 typedef struct ecase {
     int kind, m, n, k; /* n, k: the shape's widths (meaning per kind) */
-    int pos;           /* attention: the first row's position */
     int nb;
     buf b[MAXB];
 } ecase;
@@ -69,8 +68,8 @@ static double rnorm(rng *r) { return sqrt(-2.0 * log(runif(r))) * cos(6.28318530
 
 /* ---- cases ---- */
 
-/* Per kind: the attention geometry and the Mamba geometry used at every shape. */
-enum { A_NH = 4, A_NKV = 2, A_HD = 64, S_P = 16, S_N = 48, S_G = 2, C_K = 4, R_K1 = 6, R_K2 = 4, X_E = 4, X_K = 2 };
+/* Per kind: the Mamba geometry used at every shape, the router's and the routed matvec's counts. */
+enum { S_P = 16, S_N = 48, S_G = 2, C_K = 4, R_K1 = 6, R_K2 = 4, X_E = 4, X_K = 2 };
 
 static void add(ecase *c, keel_dtype dt, size_t n, size_t row, int role) {
     KEEL_ASSERT(c->nb < MAXB);
@@ -147,13 +146,6 @@ static void layout(ecase *c) {
         add(c, KEEL_DT_F32, m * R_K1 * n, R_K1 * n, R_IN), add(c, KEEL_DT_F32, m * R_K1 * 8, R_K1 * 8, R_IN);
         add(c, KEEL_DT_F32, m * n, n, R_OUT);
         break;
-    case K_ATTN: { /* n = context; rows at positions pos..pos+m-1 = n-m..n-1 */
-        const size_t qd = A_NH * A_HD, kvd = A_NKV * A_HD;
-        add(c, KEEL_DT_F32, m * qd, qd, R_IN), add(c, KEEL_DT_F32, n * kvd, 0, R_IN), add(c, KEEL_DT_F32, n * kvd, 0, R_IN);
-        add(c, KEEL_DT_F32, m * A_NH * n, A_NH * n, R_SCRATCH), add(c, KEEL_DT_BF16, m * qd, qd, R_OUT);
-        add(c, KEEL_DT_F32, m * qd, qd, R_OUT);
-        break;
-    }
     case K_ROUTE: { /* n experts, k = top_k in one group (the group filter's sums tie in float where they do not in
                      * float64, so the filter is covered by tests/engine/test_route.c's definition, not here) */
         add(c, KEEL_DT_F32, m * n, n, R_IN), add(c, KEEL_DT_F32, n, 0, R_IN);
@@ -204,9 +196,6 @@ static void generate(ecase *c, uint64_t seed, int dist) {
         for (size_t j = 0; j < (size_t)c->n; j++)
             hset(&c->b[3], j, 0.5 * rnorm(&r)), hset(&c->b[4], j, 2.0 * runif(&r) - 1.0), hset(&c->b[5], j, rnorm(&r));
         for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, rnorm(&r));
-        break;
-    case K_ATTN: /* scores of order one whatever the distribution */
-        for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, rnorm(&r) * 0.25);
         break;
     case K_ROUTE: /* logits on a grid of 1/16 in [-2, 2] and correction bias on 1/8: exact ties occur */
         for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, floor(runif(&r) * 65.0) / 16.0 - 2.0);
@@ -427,42 +416,6 @@ static void reference(const ecase *c, double *ref, double *bnd) {
         free(v), free(e);
         break;
     }
-    case K_ATTN: {
-        const int qd = A_NH * A_HD, kvd = A_NKV * A_HD, ctx = n;
-        const double scale = 1.0 / sqrt((double)A_HD);
-        double *s = keel_xmalloc((size_t)ctx * sizeof(double));
-        for (int r = 0; r < m; r++)
-            for (int h = 0; h < A_NH; h++) {
-                const int p = c->pos + r, kh = h / (A_NH / A_NKV);
-                double mx = -INFINITY, es = 0;
-                for (int j = 0; j <= p; j++) {
-                    double d = 0, a = 0;
-                    for (int i = 0; i < A_HD; i++) {
-                        const double qv = vget(&c->b[0], (size_t)r * qd + (size_t)h * A_HD + i);
-                        const double kv = vget(&c->b[1], (size_t)j * kvd + (size_t)kh * A_HD + i);
-                        d += qv * kv, a += fabs(qv * kv);
-                    }
-                    s[j] = d * scale, mx = s[j] > mx ? s[j] : mx;
-                    es = fmax(es, (A_HD + 2) * U * a * scale);
-                }
-                double sum = 0;
-                for (int j = 0; j <= p; j++) s[j] = exp(s[j] - mx), sum += s[j];
-                for (int i = 0; i < A_HD; i++) {
-                    double o = 0, a = 0;
-                    for (int j = 0; j <= p; j++) {
-                        const double vv = vget(&c->b[2], (size_t)j * kvd + (size_t)kh * A_HD + i);
-                        o += s[j] / sum * vv, a += s[j] / sum * fabs(vv);
-                    }
-                    const size_t oi = (size_t)r * qd + (size_t)h * A_HD + i, of = (size_t)m * qd + oi;
-                    ref[oi] = ref[of] = o;
-                    const double e = a * (4 * es + (2 * (p + 1) + 10) * U);
-                    bnd[oi] = e + out_round(KEEL_DT_BF16, o, e);
-                    bnd[of] = e + out_round(KEEL_DT_F32, o, e);
-                }
-            }
-        free(s);
-        break;
-    }
     case K_ROUTE: { /* items (expert, mask) pairs, weights [item][8], sel */
         const int E = n, K = k, G = K == R_K1 ? 1 : 4, TG = K == R_K1 ? 1 : 2;
         double *sg = keel_xmalloc((size_t)E * sizeof(double)), *b = keel_xmalloc((size_t)E * sizeof(double));
@@ -652,8 +605,6 @@ typedef struct ekernel {
                 const keel_ecu_vec *, int, int, int, int, int, float *, void *);
     void (*gate_norm)(const float *, const float *, int, const keel_ecu_vec *, int, int, float, int, uint16_t *,
                       float *, void *);
-    void (*attention)(const float *, const float *, const float *, int, int, int, int, int, int, float *, int,
-                      uint16_t *, float *, void *);
     void (*route)(const float *, const keel_ecu_vec *, int, int, int, int, bool, float, int, keel_cuda_route *,
                   float *, int *, void *);
     void (*argmax)(const float *, int, int *, void *);
@@ -664,13 +615,13 @@ typedef struct ekernel {
 } ekernel;
 
 static const ekernel REAL = {keel_ecu_embed, keel_ecu_rmsnorm, keel_ecu_add_rmsnorm, keel_ecu_add_bias,
-                             keel_ecu_matvec, keel_ecu_conv, keel_ecu_ssm, keel_ecu_gate_norm, keel_ecu_attention,
+                             keel_ecu_matvec, keel_ecu_conv, keel_ecu_ssm, keel_ecu_gate_norm,
                              keel_ecu_route, keel_ecu_argmax, keel_ecu_matvec_routed, keel_ecu_combine,
                              keel_ecu_route_union};
 static const ekernel TWIN = {keel_contract_twin_ecu_embed, keel_contract_twin_ecu_rmsnorm,
                              keel_contract_twin_ecu_add_rmsnorm, keel_contract_twin_ecu_add_bias,
                              keel_contract_twin_ecu_matvec, keel_contract_twin_ecu_conv, keel_contract_twin_ecu_ssm,
-                             keel_contract_twin_ecu_gate_norm, keel_contract_twin_ecu_attention,
+                             keel_contract_twin_ecu_gate_norm,
                              keel_contract_twin_ecu_route, keel_contract_twin_ecu_argmax,
                              keel_contract_twin_ecu_matvec_routed, keel_contract_twin_ecu_combine,
                              keel_contract_twin_ecu_route_union};
@@ -731,9 +682,6 @@ static void launch_with(const ekernel *K, const ecase *c) {
         K->gate_norm(p[0], p[1], n, &w, S_G, n, 1e-5f, m, p[3], p[4], NULL);
         break;
     }
-    case K_ATTN:
-        K->attention(p[0], p[1], p[2], A_NKV * A_HD, c->pos, m, A_NH, A_NKV, A_HD, p[3], n, p[4], p[5], NULL);
-        break;
     case K_ROUTE: {
         keel_ecu_vec corr = vec(c, 1);
         const bool one = k == R_K1;
@@ -779,7 +727,6 @@ static int kind_of(const keel_contract_reg *reg) { return reg->tile_cols; } /* t
 
 static ecase make(const keel_contract_reg *reg, const keel_contract_shape *s, int m, uint64_t seed, int dist) {
     ecase c = {.kind = kind_of(reg), .m = m, .n = s->n, .k = s->k};
-    if (c.kind == K_ATTN) c.pos = s->n - m;
     layout(&c);
     generate(&c, seed, dist);
     return c;
@@ -860,11 +807,10 @@ static bool same_bits(const ecase *c, void **a, void **b, int r_only, char *why,
     return true;
 }
 
-/* Row r of c as its own case (m = 1): row-wise buffers sliced, others whole; attention's position follows. */
+/* Row r of c as its own case (m = 1): row-wise buffers sliced, others whole. */
 static ecase row_case(const ecase *c, int r) {
     ecase s = *c;
     s.m = 1;
-    s.pos = c->pos + r;
     for (int i = 0; i < c->nb; i++) {
         buf *b = &s.b[i];
         const size_t es = keel_dtype_size(b->dt);
@@ -998,7 +944,6 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
         {K_CONV, "mamba-conv/k4", "keel_ecu_conv", 2, {{40, 0, 1, 3}, {300, 0, 8, 8}}, twin_NOSHIFT, "window-not-shifted", 3},
         {K_SSM, "mamba-scan/p16n48g2", "keel_ecu_ssm", 2, {{2, 0, 1, 3}, {8, 0, 8, 8}}, twin_NOBIAS, "d-skip-dropped", 3},
         {K_GATENORM, "gated-group-rmsnorm/g2", "keel_ecu_gate_norm", 2, {{64, 0, 1, 3}, {512, 0, 8, 8}}, twin_GROUPS, "group-too-wide", 3},
-        {K_ATTN, "attention/h4kv2d64", "keel_ecu_attention", 2, {{9, 0, 1, 3}, {150, 0, 8, 8}}, twin_ROWLEAK, "row-leak", 4},
         {K_ROUTE, "route/e16k6", "keel_ecu_route", 1, {{16, R_K1, 1, 8}}, twin_TIES, "ties-to-higher-id", 3},
         {K_ROUTED_UP, "matvec-routed/q4g64/bf16/relu2", "keel_ecu_matvec_routed", 2, {{24, 64, 1, 3}, {130, 256, 8, 8}}, twin_NOBIAS, "bias-dropped", 3},
         {K_ROUTED_DOWN, "matvec-routed/q4g64/bf16/per-item", "keel_ecu_matvec_routed", 2, {{24, 64, 1, 3}, {130, 256, 8, 8}}, twin_NOBIAS, "bias-dropped", 3},

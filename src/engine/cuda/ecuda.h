@@ -92,10 +92,6 @@ const void *keel_ecu_scan_kernel_fn(const char *symbol);
  * (bf16) and/or outf (fp32), either may be NULL. */
 void keel_ecu_gate_norm(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI, float eps,
                         int m, uint16_t *out, float *outf, void *st);
-/* Causal GQA without RoPE for rows at positions pos..pos+m-1 over caches kc, vc (ctx, kvd) already holding them;
- * q (m, nh*hd) fp32; scores scratch (m, nh, ctx); o (m, nh*hd) into o (bf16) and/or of (fp32), either may be NULL. */
-void keel_ecu_attention(const float *q, const float *kc, const float *vc, int kvd, int pos, int m, int nh, int nkv,
-                        int hd, float *scores, int ctx, uint16_t *o, float *of, void *st);
 /* ---- attention for CUDA graphs (src/engine/cuda/attn.cu): the position is read from device memory at d_pos and
  * no launch configuration depends on it. A row's result depends only on its position and inputs: the same bits
  * alone or in any window of any size, in any grid. ---- */
@@ -147,7 +143,7 @@ void keel_ecu_argmax(const float *v, int n, int *out, void *st);
 #define KEEL_ECU_PLANT_PASTEND 2 /* rmsnorm, add_bias: one element written past the last row (gate 2) */
 #define KEEL_ECU_PLANT_NOBIAS 3  /* add_rmsnorm: bias dropped; matvec: group bias term dropped; ssm: D skip dropped;
                                   * combine: the last slot dropped */
-#define KEEL_ECU_PLANT_ROWLEAK 4 /* matvec (float) and attention: a row's bits depend on the window (gate 4) */
+#define KEEL_ECU_PLANT_ROWLEAK 4 /* matvec (float): a row's bits depend on the window (gate 4) */
 #define KEEL_ECU_PLANT_NOSHIFT 5 /* conv: the window never takes the new input (gate 3) */
 #define KEEL_ECU_PLANT_GROUPS 6  /* gate_norm: the first group one channel too wide (gate 3) */
 #define KEEL_ECU_PLANT_TIES 7    /* route, argmax: ties to the higher id (gate 3) */
@@ -169,8 +165,6 @@ void keel_contract_twin_ecu_ssm(const float *xbc, int CD, const float *proj, int
                                 int P, int N, int G, int m, float *y, void *st);
 void keel_contract_twin_ecu_gate_norm(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI,
                                       float eps, int m, uint16_t *out, float *outf, void *st);
-void keel_contract_twin_ecu_attention(const float *q, const float *kc, const float *vc, int kvd, int pos, int m,
-                                      int nh, int nkv, int hd, float *scores, int ctx, uint16_t *o, float *of, void *st);
 void keel_contract_twin_ecu_matvec_routed(const keel_cuda_qw *W, const float *x, bool x_per_item, int m,
                                           const int *sel, int K, float *y, keel_epilogue epi, void *st);
 void keel_contract_twin_ecu_combine(const float *y, const float *w, int m, int K, int n, float *out, void *st);

@@ -1,5 +1,5 @@
 /* engine/cuda: the GPU engine's kernels besides the stream tiles: embedding, norms with fused residual adds, the
- * Mamba-2 conv and scan, attention over the KV cache, the router, the fp32 matvec and argmax. Products and sums are
+ * Mamba-2 conv and scan, the router and its unions, the fp32 matvec and argmax (attention: attn.cu). Products and sums are
  * written with explicit rounding (__fmul_rn/__fadd_rn) where the CPU engine's order is followed, so no
  * contraction changes the arithmetic between the two. Block reductions use a fixed tree, so results never depend on
  * which window a row is in. */
@@ -79,18 +79,6 @@ __device__ float block_sum(float v, float *buf) {
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
         if ((int)threadIdx.x < s) buf[threadIdx.x] = __fadd_rn(buf[threadIdx.x], buf[threadIdx.x + s]);
-        __syncthreads();
-    }
-    float r = buf[0];
-    __syncthreads();
-    return r;
-}
-
-__device__ float block_max(float v, float *buf) {
-    buf[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) buf[threadIdx.x] = fmaxf(buf[threadIdx.x], buf[threadIdx.x + s]);
         __syncthreads();
     }
     float r = buf[0];
@@ -377,48 +365,6 @@ __global__ void gate_norm_kernel(const float *y, const float *proj, int ld, DVec
     }
 }
 
-constexpr int kAttnThreads = 128;
-constexpr int kMaxHeadDim = 256;
-
-/* One block per (query head, row): scores, a max-subtracted softmax and the weighted sum, two passes over the
- * cache; the same arithmetic for a row whatever m is. */
-__global__ void attention_kernel(const float *q, const float *kc, const float *vc, int kvd, int pos, int nh, int nkv,
-                                 int hd, float *scores, int ctx, uint16_t *o, float *of) {
-    __shared__ float qs[kMaxHeadDim];
-    __shared__ float buf[kAttnThreads];
-    const int h = blockIdx.x, r = blockIdx.y, p = pos + r, kh = h / (nh / nkv), qd = nh * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(long long)r * qd + (long long)h * hd + i];
-    __syncthreads();
-    float *sc = scores + ((long long)r * nh + h) * ctx;
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j <= p; j += blockDim.x) {
-        const float *k = kc + (long long)j * kvd + (long long)kh * hd;
-        float d = 0.0f;
-        for (int i = 0; i < hd; i++) d = __fadd_rn(d, __fmul_rn(qs[i], k[i]));
-        d = __fmul_rn(d, scale);
-        sc[j] = d;
-        mx = fmaxf(mx, d);
-    }
-    mx = block_max(mx, buf);
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j <= p; j += blockDim.x) {
-        float e = expf(__fadd_rn(sc[j], -mx));
-        sc[j] = e;
-        sum = __fadd_rn(sum, e);
-    }
-    sum = block_sum(sum, buf); /* also orders the score writes before the reads below */
-    const float inv = 1.0f / sum;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float acc = 0.0f;
-        const float *v = vc + (long long)kh * hd + i;
-        for (int j = 0; j <= p; j++) acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(sc[j], inv), v[(long long)j * kvd]));
-        if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && gridDim.y > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-16f);
-        if (o) o[(long long)r * qd + (long long)h * hd + i] = kp_f32_to_bf16(acc);
-        if (of) of[(long long)r * qd + (long long)h * hd + i] = acc;
-    }
-}
-
 constexpr int kMaxExperts = 1024;
 
 __device__ __forceinline__ bool better(float sa, int a, float sb, int b) {
@@ -660,14 +606,6 @@ extern "C" void KEEL_ECU_FN(gate_norm)(const float *y, const float *proj, int ld
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void KEEL_ECU_FN(attention)(const float *q, const float *kc, const float *vc, int kvd, int pos, int m, int nh,
-                                   int nkv, int hd, float *scores, int ctx, uint16_t *o, float *of, void *st) {
-    KEEL_ASSERTF(hd >= 1 && hd <= kMaxHeadDim, "head_dim %d (1..%d)", hd, kMaxHeadDim);
-    dim3 grid((unsigned)nh, (unsigned)m);
-    attention_kernel<<<grid, kAttnThreads, 0, (cudaStream_t)st>>>(q, kc, vc, kvd, pos, nh, nkv, hd, scores, ctx, o, of);
-    KEEL_CUDA_CHECK_LAUNCH();
-}
-
 extern "C" void KEEL_ECU_FN(route)(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group,
                                int topk_group, bool norm_topk, float scaling, int m, keel_cuda_route *items,
                                float *weights, int *sel, void *st) {
@@ -702,7 +640,7 @@ extern "C" const void *keel_ecu_kernel_fn(const char *symbol) {
         {"add_rmsnorm_kernel", (const void *)add_rmsnorm_kernel}, {"add_bias_kernel", (const void *)add_bias_kernel},
         {"matvec_kernel", (const void *)matvec_kernel},       {"combine_kernel", (const void *)combine_kernel},
         {"conv_kernel", (const void *)conv_kernel},           {"ssm_kernel", (const void *)ssm_kernel},
-        {"gate_norm_kernel", (const void *)gate_norm_kernel}, {"attention_kernel", (const void *)attention_kernel},
+        {"gate_norm_kernel", (const void *)gate_norm_kernel}, 
         {"route_kernel", (const void *)route_kernel},         {"argmax_kernel", (const void *)argmax_kernel},
         {"union_kernel", (const void *)union_kernel},
     };
