@@ -277,7 +277,7 @@ static void init_scan(scan *s, const keel_contract_table *t) {
     while ((de = readdir(d)) != NULL) {
         const size_t l = strlen(de->d_name);
         if (l < 4 || strcmp(de->d_name + l - 3, ".cu")) continue;
-        char full[1200];
+        char full[sizeof path + 260]; /* the folder, a slash and any file name */
         snprintf(full, sizeof full, "%s/%s", path, de->d_name);
         char *k = tk_read_text(full);
         read_engine_launchers(s, k);
