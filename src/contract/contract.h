@@ -10,6 +10,7 @@
 #ifndef KEEL_CONTRACT_H
 #define KEEL_CONTRACT_H
 
+#include <math.h>
 #include <stdio.h>
 
 #include "../format/format.h"
@@ -32,6 +33,24 @@ typedef struct keel_contract_backend {
     /* Waits for launches; false with a reason when the last launch or the device reported an error. */
     bool (*sync)(char *why, size_t cap);
 } keel_contract_backend;
+
+/* The cases' generator, one for every table: xorshift64 (13, 7, 17); uniforms in (0, 1) from the top 53 bits;
+ * normals by Box-Muller (two uniforms each). A seed gives the same cases on every backend and build. */
+typedef struct keel_contract_rng {
+    uint64_t s;
+} keel_contract_rng;
+static inline uint64_t keel_contract_rnext(keel_contract_rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return r->s;
+}
+static inline double keel_contract_runif(keel_contract_rng *r) {
+    return ((double)(keel_contract_rnext(r) >> 11) + 0.5) * 0x1p-53;
+}
+static inline double keel_contract_rnorm(keel_contract_rng *r) {
+    return sqrt(-2.0 * log(keel_contract_runif(r))) * cos(6.283185307179586 * keel_contract_runif(r));
+}
 
 /* One operand on a backend between canary guards: host image guard|data|guard, and its backend copy. Without
  * data the bytes are KEEL_CONTRACT_UNWRITTEN (an all-ones NaN no kernel produces), so unwritten outputs show. */

@@ -25,17 +25,6 @@
 #define UNWRITTEN KEEL_CONTRACT_UNWRITTEN
 #define MAX_E 8
 
-typedef struct rng {
-    uint64_t s;
-} rng;
-static uint64_t rnext(rng *r) {
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return r->s;
-}
-static double runif(rng *r) { return ((double)(rnext(r) >> 11) + 0.5) * 0x1p-53; }
-static double rnorm(rng *r) { return sqrt(-2.0 * log(runif(r))) * cos(6.283185307179586 * runif(r)); }
 
 enum { D_NORMAL, D_LARGE, D_NEGGROUPS, D_ZERORANGE, D_COUNT };
 static const char *const DIST_NAMES[D_COUNT] = {"normal", "large-magnitude", "all-negative-groups", "zero-range-groups"};
@@ -62,7 +51,7 @@ static size_t y_elems(const rcase *c) { return (size_t)(c->down ? 1 : c->n_items
 
 /* Top-2 routing of m tokens over E experts; the last token always takes the last expert (so the last item holds
  * the last row, where a write past the end would start). Unselected weights are NaN. */
-static void route(rcase *c, rng *r, uint64_t seed) {
+static void route(rcase *c, keel_contract_rng *r, uint64_t seed) {
     uint32_t masks[MAX_E] = {0};
     for (int t = 0; t < c->m; t++) {
         int e1 = (int)((t * 7 + seed) % (uint64_t)c->E), e2 = (e1 + 1 + (int)((t + seed) % (uint64_t)(c->E - 1))) % c->E;
@@ -73,19 +62,19 @@ static void route(rcase *c, rng *r, uint64_t seed) {
     for (int e = 0; e < c->E; e++)
         if (masks[e]) c->items[c->n_items++] = (keel_cuda_route){.expert = e, .mask = masks[e]};
     for (int i = 0; i < c->n_items; i++)
-        for (int t = 0; t < 8; t++) c->wts[i * 8 + t] = (c->items[i].mask >> t) & 1u ? (float)(0.25 + 0.5 * runif(r)) : NAN;
+        for (int t = 0; t < 8; t++) c->wts[i * 8 + t] = (c->items[i].mask >> t) & 1u ? (float)(0.25 + 0.5 * keel_contract_runif(r)) : NAN;
 }
 
 static rcase gen(const keel_contract_reg *reg, int n, int k, int m, int d, uint64_t seed) {
     rcase c = {.m = m, .n = n, .k = k, .E = reg->experts, .down = reg->family == KEEL_CF_ROUTED_DOWN, .xdt = reg->xdt};
-    rng r = {.s = 0x9e3779b97f4a7c15ull ^ (seed * 0x2545f4914f6cdd1dull + (uint64_t)d * 977u + 7u)};
-    for (int i = 0; i < 4; i++) rnext(&r);
+    keel_contract_rng r = {.s = 0x9e3779b97f4a7c15ull ^ (seed * 0x2545f4914f6cdd1dull + (uint64_t)d * 977u + 7u)};
+    for (int i = 0; i < 4; i++) keel_contract_rnext(&r);
     route(&c, &r, seed);
     const double mag = d == D_LARGE ? 1000.0 : 1.0;
     const int G = reg->group, ng = k / G, bits = reg->bits, qmax = (1 << bits) - 1, rows = c.E * n;
     c.x = keel_xmalloc(x_elems(&c) * keel_dtype_size(c.xdt) + 1);
     for (size_t i = 0; i < x_elems(&c); i++) {
-        double v = mag * rnorm(&r);
+        double v = mag * keel_contract_rnorm(&r);
         if (d == D_NEGGROUPS && ((int)(i % (size_t)k) / G) % 3 == 1) v = -fabs(v);
         keel_dtype_set_f32(c.xdt, c.x, i, (float)v);
     }
@@ -96,10 +85,10 @@ static rcase gen(const keel_contract_reg *reg, int n, int k, int m, int d, uint6
     uint8_t *codes = keel_xmalloc((size_t)k);
     for (int j = 0; j < rows; j++) {
         for (int g = 0; g < ng; g++) {
-            double s = mag * rnorm(&r) / (double)(1 << bits), b = 0.5 * mag * rnorm(&r);
-            const uint8_t c0 = (uint8_t)(rnext(&r) % (uint64_t)(qmax + 1));
+            double s = mag * keel_contract_rnorm(&r) / (double)(1 << bits), b = 0.5 * mag * keel_contract_rnorm(&r);
+            const uint8_t c0 = (uint8_t)(keel_contract_rnext(&r) % (uint64_t)(qmax + 1));
             const bool one_code = d == D_ZERORANGE && (j + g) % 2 == 1;
-            for (int q = 0; q < G; q++) codes[g * G + q] = one_code ? c0 : (uint8_t)(rnext(&r) % (uint64_t)(qmax + 1));
+            for (int q = 0; q < G; q++) codes[g * G + q] = one_code ? c0 : (uint8_t)(keel_contract_rnext(&r) % (uint64_t)(qmax + 1));
             if (d == D_ZERORANGE && (j + g) % 2 == 0) s = 0.0;
             if (d == D_NEGGROUPS && (j + g) % 2 == 1) {
                 s = fabs(s);

@@ -60,14 +60,6 @@ typedef struct acase {
 enum { A_Q, A_QB, A_KC, A_VC, A_POS, A_SCR, A_O, A_OF };
 enum { P_K, P_V, P_KB, P_VB, P_KC, P_VC, P_POS };
 
-typedef struct rng {
-    uint64_t s;
-} rng;
-static double runif(rng *r) {
-    r->s ^= r->s << 13, r->s ^= r->s >> 7, r->s ^= r->s << 17;
-    return ((double)(r->s >> 11) + 0.5) * 0x1p-53;
-}
-static double rnorm(rng *r) { return sqrt(-2.0 * log(runif(r))) * cos(6.283185307179586 * runif(r)); }
 
 static void add(acase *c, const char *name, keel_dtype dt, size_t n, size_t row, int role) {
     KEEL_ASSERT(c->nb < MAXB);
@@ -113,23 +105,23 @@ static double hget(const abuf *b, const void *h, size_t i) {
 /* dist 0: normal; 1: scores of order 8 and values x1000; 2: keys drift along the position so every tile raises the
  * running maximum (queries positive). Attention cache rows after the window are NaN. */
 static void generate(acase *c, uint64_t seed, int dist) {
-    rng r = {seed * 0x9e3779b97f4a7c15ull + 0x51ed27ull + (uint64_t)c->sp->hd};
+    keel_contract_rng r = {seed * 0x9e3779b97f4a7c15ull + 0x51ed27ull + (uint64_t)c->sp->hd};
     const aspec *s = c->sp;
     if (s->append) {
         const double big = dist == 1 ? 1000.0 : 1.0;
         for (int i = 0; i < c->nb; i++)
-            for (size_t j = 0; j < c->b[i].n; j++) hset(&c->b[i], j, rnorm(&r) * (i < P_KB ? big : 1.0));
+            for (size_t j = 0; j < c->b[i].n; j++) hset(&c->b[i], j, keel_contract_rnorm(&r) * (i < P_KB ? big : 1.0));
         hset(&c->b[P_POS], 0, c->pos);
         return;
     }
     const int kvd = s->nkv * s->hd, last = c->pos + c->m - 1;
     const double qs = dist == 1 ? 2.0 : 1.0, ks = dist == 1 ? 4.0 : dist == 2 ? 0.5 : 1.0, vs = dist == 1 ? 1000.0 : 1.0;
-    for (size_t j = 0; j < c->b[A_Q].n; j++) hset(&c->b[A_Q], j, dist == 2 ? fabs(rnorm(&r)) : rnorm(&r) * qs);
-    for (size_t j = 0; j < c->b[A_QB].n; j++) hset(&c->b[A_QB], j, 0.5 * rnorm(&r));
+    for (size_t j = 0; j < c->b[A_Q].n; j++) hset(&c->b[A_Q], j, dist == 2 ? fabs(keel_contract_rnorm(&r)) : keel_contract_rnorm(&r) * qs);
+    for (size_t j = 0; j < c->b[A_QB].n; j++) hset(&c->b[A_QB], j, 0.5 * keel_contract_rnorm(&r));
     for (int row = 0; row < c->ctx; row++)
         for (int i = 0; i < kvd; i++) {
             const size_t e = (size_t)row * kvd + i;
-            const double kv = rnorm(&r) * ks + (dist == 2 ? 0.01 * row : 0.0), vv = rnorm(&r) * vs;
+            const double kv = keel_contract_rnorm(&r) * ks + (dist == 2 ? 0.01 * row : 0.0), vv = keel_contract_rnorm(&r) * vs;
             hset(&c->b[A_KC], e, row <= last ? kv : NAN);
             hset(&c->b[A_VC], e, row <= last ? vv : NAN);
         }

@@ -57,14 +57,6 @@ typedef struct ecase {
     buf b[MAXB];
 } ecase;
 
-typedef struct rng {
-    uint64_t s;
-} rng;
-static double runif(rng *r) {
-    r->s ^= r->s << 13, r->s ^= r->s >> 7, r->s ^= r->s << 17;
-    return ((double)(r->s >> 11) + 0.5) * 0x1p-53;
-}
-static double rnorm(rng *r) { return sqrt(-2.0 * log(runif(r))) * cos(6.283185307179586 * runif(r)); }
 
 /* ---- cases ---- */
 
@@ -165,48 +157,48 @@ static void layout(ecase *c) {
 
 /* Inputs: dist 0 normal, 1 large magnitude (x 64); integers, codes and routing logits on grids with ties. */
 static void generate(ecase *c, uint64_t seed, int dist) {
-    rng r = {seed * 0x9e3779b97f4a7c15ull + 0x1234567ull + (uint64_t)c->kind};
+    keel_contract_rng r = {seed * 0x9e3779b97f4a7c15ull + 0x1234567ull + (uint64_t)c->kind};
     const double big = dist ? 64.0 : 1.0;
     for (int i = 0; i < c->nb; i++) {
         buf *b = &c->b[i];
         if (b->role == R_OUT || b->role == R_SCRATCH) continue;
         for (size_t j = 0; j < b->n; j++) {
             double v;
-            if (b->dt == KEEL_DT_U32) v = (double)(uint32_t)(runif(&r) * 4294967296.0);
-            else if (b->dt == KEEL_DT_I32) v = (double)(int)(runif(&r) * c->n);
-            else v = rnorm(&r) * big;
+            if (b->dt == KEEL_DT_U32) v = (double)(uint32_t)(keel_contract_runif(&r) * 4294967296.0);
+            else if (b->dt == KEEL_DT_I32) v = (double)(int)(keel_contract_runif(&r) * c->n);
+            else v = keel_contract_rnorm(&r) * big;
             hset(b, j, v);
         }
     }
     switch (c->kind) {
     case K_ROUTED_UP:
     case K_ROUTED_DOWN:
-        for (size_t j = 0; j < c->b[4].n; j++) hset(&c->b[4], j, (double)(int)(runif(&r) * X_E));
+        for (size_t j = 0; j < c->b[4].n; j++) hset(&c->b[4], j, (double)(int)(keel_contract_runif(&r) * X_E));
         /* fall through */
     case K_EMBED:
     case K_MATVEC_Q: /* scales positive and small, biases negative: dequantized values of both signs */
-        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, 0.01 + 0.02 * runif(&r)), hset(&c->b[2], j, -0.1 * runif(&r));
+        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, 0.01 + 0.02 * keel_contract_runif(&r)), hset(&c->b[2], j, -0.1 * keel_contract_runif(&r));
         break;
     case K_RMSNORM:
     case K_GATENORM: hset(&c->b[c->kind == K_RMSNORM ? 1 : 2], 0, 1.5); break;
     case K_CONV:
-        for (size_t j = 0; j < c->b[2].n; j++) hset(&c->b[2], j, 0.5 * rnorm(&r));
+        for (size_t j = 0; j < c->b[2].n; j++) hset(&c->b[2], j, 0.5 * keel_contract_rnorm(&r));
         break;
     case K_SSM: /* dt raw around 0, A_log in [-1, 1], the state from earlier tokens */
         for (size_t j = 0; j < (size_t)c->n; j++)
-            hset(&c->b[3], j, 0.5 * rnorm(&r)), hset(&c->b[4], j, 2.0 * runif(&r) - 1.0), hset(&c->b[5], j, rnorm(&r));
-        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, rnorm(&r));
+            hset(&c->b[3], j, 0.5 * keel_contract_rnorm(&r)), hset(&c->b[4], j, 2.0 * keel_contract_runif(&r) - 1.0), hset(&c->b[5], j, keel_contract_rnorm(&r));
+        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, keel_contract_rnorm(&r));
         break;
     case K_ROUTE: /* logits on a grid of 1/16 in [-2, 2] and correction bias on 1/8: exact ties occur */
-        for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, floor(runif(&r) * 65.0) / 16.0 - 2.0);
-        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, floor(runif(&r) * 3.0) / 8.0 - 0.125);
+        for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, floor(keel_contract_runif(&r) * 65.0) / 16.0 - 2.0);
+        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, floor(keel_contract_runif(&r) * 3.0) / 8.0 - 0.125);
         break;
     case K_UNION: /* each row's k experts distinct, as the router picks them */
         for (int row = 0; row < c->m; row++) {
             int perm[1024];
             for (int i = 0; i < c->n; i++) perm[i] = i;
             for (int j = 0; j < c->k; j++) {
-                const int pick = j + (int)(runif(&r) * (c->n - j)), t = perm[j];
+                const int pick = j + (int)(keel_contract_runif(&r) * (c->n - j)), t = perm[j];
                 perm[j] = perm[pick], perm[pick] = t;
                 hset(&c->b[0], (size_t)row * c->k + j, perm[j]);
             }

@@ -55,15 +55,7 @@ typedef struct scase {
     sbuf b[MAXB];
 } scase;
 
-typedef struct rng {
-    uint64_t s;
-} rng;
-static double runif(rng *r) {
-    r->s ^= r->s << 13, r->s ^= r->s >> 7, r->s ^= r->s << 17;
-    return ((double)(r->s >> 11) + 0.5) * 0x1p-53;
-}
-static double rnorm(rng *r) { return sqrt(-2.0 * log(runif(r))) * cos(6.283185307179586 * runif(r)); }
-static int rbelow(rng *r, int n) { return (int)(runif(r) * n); }
+static int rbelow(keel_contract_rng *r, int n) { return (int)(keel_contract_runif(r) * n); }
 static double gam(int k) { return k * U / (1.0 - k * U); }
 
 static void add(scase *c, keel_dtype dt, size_t n, int role) {
@@ -109,13 +101,13 @@ static keel_sampler_cfg sample_cfg(int i) {
 
 /* Distributions: 0 normal x 3, 1 a grid with ties everywhere, 2 NaN-laced with signed zeros and -inf, 3 nearly
  * flat, 4 wide with two +inf (tied), 5 all NaN (no candidate). */
-static void sample_logits(rng *r, float *l, int V, int d) {
+static void sample_logits(keel_contract_rng *r, float *l, int V, int d) {
     for (int i = 0; i < V; i++) {
-        if (d == 0) l[i] = (float)(3.0 * rnorm(r));
+        if (d == 0) l[i] = (float)(3.0 * keel_contract_rnorm(r));
         else if (d == 1) l[i] = (float)(rbelow(r, 9) * 0.5 - 2.0);
-        else if (d == 2) l[i] = rbelow(r, 10) == 0 ? NAN : rbelow(r, 10) == 0 ? (rbelow(r, 2) ? 0.0f : -0.0f) : (float)rnorm(r);
-        else if (d == 3) l[i] = (float)(1e-3 * rnorm(r));
-        else if (d == 4) l[i] = (float)(30.0 * rnorm(r));
+        else if (d == 2) l[i] = rbelow(r, 10) == 0 ? NAN : rbelow(r, 10) == 0 ? (rbelow(r, 2) ? 0.0f : -0.0f) : (float)keel_contract_rnorm(r);
+        else if (d == 3) l[i] = (float)(1e-3 * keel_contract_rnorm(r));
+        else if (d == 4) l[i] = (float)(30.0 * keel_contract_rnorm(r));
         else l[i] = NAN;
     }
     if (d == 2) l[rbelow(r, V)] = -INFINITY;
@@ -234,7 +226,7 @@ static void make_case(int kind, int i, scase *c) {
         c->cfg = sample_cfg(ci);
         c->cfg.seed = 0x5eed0000ull + (uint64_t)i * 7919u;
         c->pos = p ? 1000003 + i : i;
-        rng r = {0x9e3779b97f4a7c15ull ^ (uint64_t)(i + 1) * 0x2545f4914f6cdd1dull};
+        keel_contract_rng r = {0x9e3779b97f4a7c15ull ^ (uint64_t)(i + 1) * 0x2545f4914f6cdd1dull};
         add(c, KEEL_DT_F32, (size_t)c->V, R_IN);
         add(c, KEEL_DT_I32, 1, R_IN);
         add(c, KEEL_DT_I32, 1, R_OUT);
@@ -253,13 +245,13 @@ static void make_case(int kind, int i, scase *c) {
         add(c, KEEL_DT_F32, (size_t)s->NH, R_IN);                       /* A_log */
         add(c, KEEL_DT_BF16, (size_t)s->NH, R_IN);                      /* D */
         add(c, KEEL_DT_F32, m * DI, R_OUT);                             /* y */
-        rng r = {0x1234567ull + (uint64_t)seed * 0x9e3779b97f4a7c15ull + (uint64_t)i};
+        keel_contract_rng r = {0x1234567ull + (uint64_t)seed * 0x9e3779b97f4a7c15ull + (uint64_t)i};
         const double mag = big ? 64.0 : 1.0;
-        for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, rnorm(&r) * mag);
-        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, rnorm(&r));
-        for (size_t j = 0; j < c->b[2].n; j++) hset(&c->b[2], j, rnorm(&r) * mag);
+        for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, keel_contract_rnorm(&r) * mag);
+        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, keel_contract_rnorm(&r));
+        for (size_t j = 0; j < c->b[2].n; j++) hset(&c->b[2], j, keel_contract_rnorm(&r) * mag);
         for (int h = 0; h < s->NH; h++)
-            hset(&c->b[3], h, 0.5 * rnorm(&r)), hset(&c->b[4], h, 2.0 * runif(&r) - 1.0), hset(&c->b[5], h, rnorm(&r));
+            hset(&c->b[3], h, 0.5 * keel_contract_rnorm(&r)), hset(&c->b[4], h, 2.0 * keel_contract_runif(&r) - 1.0), hset(&c->b[5], h, keel_contract_rnorm(&r));
     } else {
         c->m = 1 + i % 8;
         const int m = c->m;
@@ -269,13 +261,13 @@ static void make_case(int kind, int i, scase *c) {
         add(c, KEEL_DT_F32, (size_t)m * RT_K * 8, R_OUT);
         add(c, KEEL_DT_I32, (size_t)m * RT_K, R_OUT);
         for (int e = 0; e < RT_E; e++) hset(&c->b[1], e, rt_corr[e % RT_PER]);
-        rng r = {0xabcdef12345ull + (uint64_t)i * 0x9e3779b97f4a7c15ull};
+        keel_contract_rng r = {0xabcdef12345ull + (uint64_t)i * 0x9e3779b97f4a7c15ull};
         for (int row = 0; row < m; row++) {
             float *l = (float *)c->b[0].h + (size_t)row * RT_E;
             const bool tie = (row + i / 8) % 2 == 1; /* every other row ties two groups at the cut */
             for (int tries = 0;; tries++) {
                 KEEL_ASSERTF(tries < 100000, "router case %d row %d: no row with the margins", i, row);
-                for (int e = 0; e < RT_E; e++) l[e] = (float)(floor(runif(&r) * 65.0) / 16.0 - 2.0);
+                for (int e = 0; e < RT_E; e++) l[e] = (float)(floor(keel_contract_runif(&r) * 65.0) / 16.0 - 2.0);
                 if (tie) { /* make the 2nd and 3rd best groups the same */
                     double sg[RT_E], b[RT_E], gs[RT_G];
                     bool kg[RT_G];

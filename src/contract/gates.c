@@ -18,18 +18,6 @@
 
 /* ---- operands -------------------------------------------------------------------------------------- */
 
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint64_t rnext(rng *r) {
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return r->s;
-}
-static double runif(rng *r) { return ((double)(rnext(r) >> 11) + 0.5) * 0x1p-53; } /* (0, 1) */
-static double rnorm(rng *r) { return sqrt(-2.0 * log(runif(r))) * cos(6.283185307179586 * runif(r)); }
 
 typedef enum dist { D_NORMAL, D_LARGE, D_NEGGROUPS, D_ZERORANGE, D_COUNT } dist;
 static const char *const DIST_NAMES[D_COUNT] = {"normal", "large-magnitude", "all-negative-groups", "zero-range-groups"};
@@ -66,13 +54,13 @@ static void hcase_free(hcase *h) {
  * and activations are all negative; zero-range groups (scale 0, or one code for the whole group). */
 static hcase gen_case(const keel_contract_reg *reg, int n, int k, int m, dist d, uint64_t seed) {
     hcase h = {.m = m, .n = n, .k = k};
-    rng r = {.s = 0x9e3779b97f4a7c15ull ^ (seed * 0x2545f4914f6cdd1dull + (uint64_t)d * 977u + 1u)};
-    for (int i = 0; i < 4; i++) rnext(&r);
+    keel_contract_rng r = {.s = 0x9e3779b97f4a7c15ull ^ (seed * 0x2545f4914f6cdd1dull + (uint64_t)d * 977u + 1u)};
+    for (int i = 0; i < 4; i++) keel_contract_rnext(&r);
     const double mag = d == D_LARGE ? 1000.0 : 1.0;
     if (reg->family == KEEL_CF_RELU2) { /* y0 in the kernel's dtype (F32, or BF16 on the GPU) */
         h.y0 = keel_xmalloc((size_t)n * keel_dtype_size(reg->ydt) + 1);
         for (int i = 0; i < n; i++) {
-            double v = mag * rnorm(&r);
+            double v = mag * keel_contract_rnorm(&r);
             if (d == D_NEGGROUPS && (i / 4) % 2 == 1) v = -fabs(v);
             if (d == D_ZERORANGE && i % 3 == 0) v = 0.0;
             keel_dtype_set_f32(reg->ydt, h.y0, (size_t)i, (float)v);
@@ -83,7 +71,7 @@ static hcase gen_case(const keel_contract_reg *reg, int n, int k, int m, dist d,
     h.x = keel_xmalloc(x_bytes(reg, m, k) + 1);
     for (int i = 0; i < m; i++)
         for (int c = 0; c < k; c++) {
-            double v = mag * rnorm(&r);
+            double v = mag * keel_contract_rnorm(&r);
             if (d == D_NEGGROUPS && (c / G) % 3 == 1) v = -fabs(v);
             keel_dtype_set_f32(reg->xdt, h.x, (size_t)i * (size_t)k + (size_t)c, (float)v);
         }
@@ -91,7 +79,7 @@ static hcase gen_case(const keel_contract_reg *reg, int n, int k, int m, dist d,
     if (reg->family == KEEL_CF_FLOAT) {
         for (int j = 0; j < n; j++)
             for (int c = 0; c < k; c++) {
-                double v = mag * rnorm(&r);
+                double v = mag * keel_contract_rnorm(&r);
                 if (d == D_NEGGROUPS && (c / G) % 2 == 1) v = -fabs(v);
                 if (d == D_ZERORANGE && (c / G) % 3 == 0) v = 0.0;
                 keel_dtype_set_f32(reg->sdt, h.w, (size_t)j * (size_t)k + (size_t)c, (float)v);
@@ -106,10 +94,10 @@ static hcase gen_case(const keel_contract_reg *reg, int n, int k, int m, dist d,
     uint8_t *codes = keel_xmalloc((size_t)k);
     for (int j = 0; j < n; j++) {
         for (int g = 0; g < ng; g++) {
-            double s = mag * rnorm(&r) / (double)(1 << bits), b = 0.5 * mag * rnorm(&r);
-            const uint8_t c0 = (uint8_t)(rnext(&r) % (uint64_t)(qmax + 1));
+            double s = mag * keel_contract_rnorm(&r) / (double)(1 << bits), b = 0.5 * mag * keel_contract_rnorm(&r);
+            const uint8_t c0 = (uint8_t)(keel_contract_rnext(&r) % (uint64_t)(qmax + 1));
             const bool one_code = d == D_ZERORANGE && (j + g) % 2 == 1;
-            for (int c = 0; c < G; c++) codes[g * G + c] = one_code ? c0 : (uint8_t)(rnext(&r) % (uint64_t)(qmax + 1));
+            for (int c = 0; c < G; c++) codes[g * G + c] = one_code ? c0 : (uint8_t)(keel_contract_rnext(&r) % (uint64_t)(qmax + 1));
             if (d == D_ZERORANGE && (j + g) % 2 == 0) s = 0.0;
             if (d == D_NEGGROUPS && (j + g) % 2 == 1) { /* every dequantized weight of the group < 0 */
                 s = fabs(s);
