@@ -48,7 +48,7 @@ typedef struct buf {
     size_t n, row; /* elements; elements per row when row-wise (0: one block for every row) */
     int role;
     void *h;       /* host values */
-    void *d;       /* device: the guarded allocation */
+    keel_contract_gbuf g; /* its guarded backend copy */
 } buf;
 
 typedef struct ecase {
@@ -537,27 +537,22 @@ static void reference(const ecase *c, double *ref, double *bnd) {
 
 /* ---- device side ---- */
 
-static uint8_t canary(size_t i, int salt) { return (uint8_t)(0xA5u ^ (unsigned)(i * 29u + (size_t)salt * 7u)); }
 static size_t bytes_of(const buf *b) { return b->n * keel_dtype_size(b->dt); }
-static void *dptr(const buf *b) { return (uint8_t *)b->d + GUARD; }
+static void *dptr(const buf *b) { return (uint8_t *)b->g.dev + GUARD; }
 
-/* Guarded device copies of every buffer (outputs start as 0xFF bytes). */
+/* Guarded device copies of every buffer (outputs and scratch start unwritten). */
 static void upload(const keel_contract_backend *be, ecase *c) {
+    static const char *const names[MAXB] = {"buffer 0", "buffer 1", "buffer 2", "buffer 3",
+                                            "buffer 4", "buffer 5", "buffer 6", "buffer 7"};
     for (int i = 0; i < c->nb; i++) {
         buf *b = &c->b[i];
-        const size_t nb = bytes_of(b), tot = nb + 2 * GUARD;
-        uint8_t *st = keel_xmalloc(tot);
-        for (size_t j = 0; j < GUARD; j++) st[j] = canary(j, i), st[GUARD + nb + j] = canary(j + 7, i);
-        if (b->role == R_OUT || b->role == R_SCRATCH) memset(st + GUARD, 0xFF, nb);
-        else memcpy(st + GUARD, b->h, nb);
-        b->d = be->alloc(tot);
-        be->upload(b->d, st, tot);
-        free(st);
+        const bool blank = b->role == R_OUT || b->role == R_SCRATCH;
+        keel_contract_gbuf_make(&b->g, be, names[i], blank ? NULL : b->h, bytes_of(b), i);
     }
 }
 
 static void release(const keel_contract_backend *be, ecase *c) {
-    for (int i = 0; i < c->nb; i++) be->release(c->b[i].d), c->b[i].d = NULL;
+    for (int i = 0; i < c->nb; i++) keel_contract_gbuf_free(&c->b[i].g, be);
 }
 
 /* Downloads buffer i into out (its elements); with guards (gates 2 and on), checks the guards and, for an input,
@@ -565,20 +560,10 @@ static void release(const keel_contract_backend *be, ecase *c) {
 static bool fetch(const keel_contract_backend *be, const ecase *c, int i, void *out, bool guards, char *why,
                   size_t cap) {
     const buf *b = &c->b[i];
-    const size_t nb = bytes_of(b), tot = nb + 2 * GUARD;
-    uint8_t *st = keel_xmalloc(tot);
-    be->download(st, b->d, tot);
-    bool ok = true;
-    for (size_t j = 0; j < GUARD && ok && guards; j++)
-        if (st[j] != canary(j, i) || st[GUARD + nb + j] != canary(j + 7, i)) {
-            snprintf(why, cap, "buffer %d: guard byte %zu %s the data overwritten", i, j,
-                     st[j] != canary(j, i) ? "before" : "after");
-            ok = false;
-        }
-    if (ok && guards && b->role == R_IN && memcmp(st + GUARD, b->h, nb) != 0) {
-        snprintf(why, cap, "input buffer %d changed by the launch", i);
-        ok = false;
-    }
+    const size_t nb = bytes_of(b);
+    uint8_t *st = keel_xmalloc(nb + 2 * GUARD);
+    be->download(st, b->g.dev, nb + 2 * GUARD);
+    const bool ok = !guards || keel_contract_gbuf_check(&b->g, st, b->role == R_IN, why, cap);
     if (out) memcpy(out, st + GUARD, nb);
     free(st);
     return ok;

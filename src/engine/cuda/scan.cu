@@ -10,20 +10,7 @@
 
 #include "../../kernels/cuda/port.h"
 #include "ecuda.h"
-
-#ifndef KEEL_SCAN_TWIN
-#define KEEL_SCAN_TWIN 0
-#endif
-#ifndef KEEL_SCN_FN
-#if KEEL_SCAN_TWIN
-#define KEEL_SCN_FN(name) keel_contract_twin_ecu_##name
-#else
-#define KEEL_SCN_FN(name) keel_ecu_##name
-#endif
-#endif
-#ifndef KEEL_SCAN_PLANTED
-#define KEEL_SCAN_PLANTED(f) ((void)(f), false)
-#endif
+#include "scan_fn.h"
 
 namespace {
 
