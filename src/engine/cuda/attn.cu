@@ -567,6 +567,10 @@ extern "C" size_t KEEL_ATTN_FN(attn_scratch_bytes)(int m, int nh, int hd, int ct
     return (size_t)m * (size_t)nh * nc * ((size_t)hd + 2) * sizeof(float);
 }
 
+extern "C" size_t KEEL_ATTN_FN(attn_scratch_max_bytes)(int m_max, int nh, int hd, int ctx) {
+    return KEEL_ATTN_FN(attn_scratch_bytes)(m_max < kSplitMaxM ? m_max : kSplitMaxM, nh, hd, ctx);
+}
+
 extern "C" void KEEL_ATTN_FN(kv_append)(const float *k, const float *v, const keel_ecu_vec *kb, const keel_ecu_vec *vb,
                                         float *kc, float *vc, int kvd, const int *d_pos, int m, void *st) {
     KEEL_ASSERTF(m >= 1 && kvd >= 1, "kv append of %d rows of %d", m, kvd);

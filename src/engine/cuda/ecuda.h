@@ -109,6 +109,8 @@ void keel_ecu_attn(const float *q, const keel_ecu_vec *qb, const float *kc, cons
 /* Scratch of an m-row launch: the split-K partials for m <= KEEL_ECU_ATTN_SPLIT_MAX_M, else 0 (not monotone in m:
  * windows of several sizes need the largest over them). */
 size_t keel_ecu_attn_scratch_bytes(int m, int nh, int hd, int ctx);
+/* Scratch enough for a launch of any row count from 1 to m_max (the largest keel_ecu_attn_scratch_bytes of them). */
+size_t keel_ecu_attn_scratch_max_bytes(int m_max, int nh, int hd, int ctx);
 /* The host function pointer of an attn.cu kernel by its gate-5 audit symbol ("attn_tile_kernel<2>"); NULL if unknown. */
 const void *keel_ecu_attn_kernel_fn(const char *symbol);
 /* The contract's twin of attn.cu (src/contract/twin_attn.cu): launchers keel_contract_twin_ecu_*, one fault armed. */
@@ -124,6 +126,7 @@ void keel_contract_twin_ecu_attn(const float *q, const keel_ecu_vec *qb, const f
                                  const int *d_pos, int m, int nh, int nkv, int hd, int ctx, float *scratch,
                                  uint16_t *o, float *of, void *st);
 size_t keel_contract_twin_ecu_attn_scratch_bytes(int m, int nh, int hd, int ctx);
+size_t keel_contract_twin_ecu_attn_scratch_max_bytes(int m_max, int nh, int hd, int ctx);
 /* The router of each of m rows from its logits (m, E): items (m*K) {expert, mask 1} in slot order and weights
  * (m*K*8) [item][row 0] for one-row routed launches; sel (m*K) the experts. */
 void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group, int topk_group,

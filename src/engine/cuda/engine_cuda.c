@@ -269,10 +269,7 @@ static void layout(keel_cuda_engine *e, carve *c) {
     e->dpos = take(c, 4 * sizeof(int));
     e->kn = take(c, ROWS * kvd * fl);
     e->vn = take(c, ROWS * kvd * fl);
-    size_t asz = 0; /* attention's scratch is not monotone in the row count: the largest over every window size */
-    for (int r = 1; r <= ROWS; r++)
-        asz = KEEL_MAX(asz, keel_ecu_attn_scratch_bytes(r, KEEL_MAX(g->n_head, 1), KEEL_MAX(g->head_dim, 1), (int)ctx));
-    e->ascratch = take(c, asz);
+    e->ascratch = take(c, keel_ecu_attn_scratch_max_bytes(ROWS, KEEL_MAX(g->n_head, 1), KEEL_MAX(g->head_dim, 1), (int)ctx));
     e->sscratch = take(c, keel_ecu_sample_scratch_bytes(g->vocab));
     e->arg = take(c, sizeof(int));
     e->sel = take(c, ROWS * K * sizeof(int));

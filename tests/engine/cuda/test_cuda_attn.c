@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "contract/engine_regs_cuda.h"
+#include "common/tk_contract.h"
 #include "core/core.h"
 
 #ifdef KEEL_HAVE_CUDA
@@ -61,12 +62,7 @@ static void fx_make(fixture *f, int alloc) {
     keel_cuda_upload(f->dq, f->q, (size_t)WIN * QD * sizeof(float));
     keel_cuda_upload(f->dkc, f->kc, (size_t)CTX * KVD * sizeof(float));
     keel_cuda_upload(f->dvc, f->vc, (size_t)CTX * KVD * sizeof(float));
-    size_t scr = 0;
-    for (int m = 1; m <= WIN; m++) {
-        const size_t b = keel_ecu_attn_scratch_bytes(m, NH, HD, alloc);
-        scr = b > scr ? b : scr;
-    }
-    f->dscr = keel_cuda_malloc(scr);
+    f->dscr = keel_cuda_malloc(keel_ecu_attn_scratch_max_bytes(WIN, NH, HD, alloc));
     f->dof = keel_cuda_malloc((size_t)WIN * QD * sizeof(float));
     f->dob = keel_cuda_malloc((size_t)WIN * QD * sizeof(uint16_t));
     f->dpos = keel_cuda_malloc(sizeof(int));
@@ -227,22 +223,14 @@ static void test_graph_replay(void **state) {
 /* Every registration passes gates 1-4 and every planted control goes red. */
 static void test_contract(void **state) {
     (void)state;
-    keel_contract_table t;
-    keel_contract_table_init(&t);
-    const int n = keel_contract_register_cuda_attn(&t);
-    assert_int_equal(n, 6);
     keel_contract_report rep;
-    keel_err err = {0};
-    assert_int_equal(keel_contract_run_all(&t, NULL, NULL, stdout, NULL, &rep, &err), KEEL_OK);
-    char line[512];
-    keel_contract_summary(t.regs[0].be->chip, &rep, line, sizeof line);
-    print_message("%s\n", line);
+    const int n = tk_contract_run(keel_contract_register_cuda_attn, NULL, &rep);
+    assert_int_equal(n, 6);
     assert_int_equal(rep.kernels, n);
     assert_int_equal(rep.pass, n);
     assert_int_equal(rep.missed, 0);
     assert_true(rep.controls >= 2 * n);
     assert_int_equal(rep.red_as_planted + rep.red_early, rep.controls);
-    keel_contract_table_free(&t);
 }
 
 /* Times (printed, not asserted): m = 1 at 1k and 32k positions and m = 128 at 1k, in a 32768-row cache. */
@@ -314,6 +302,21 @@ int main(int argc, char **argv) {
         return 1;
     }
     (void)argc, (void)argv;
+#ifdef KEEL_HAVE_CUDA
+    /* every CUDA build (no device needed): the scratch for up to m rows covers each row count up to m and is the
+     * largest of them */
+    for (int mx = 1; mx <= 256; mx++) {
+        size_t most = 0;
+        for (int m = 1; m <= mx; m++) {
+            const size_t b = keel_ecu_attn_scratch_bytes(m, NH, HD, 32768);
+            most = b > most ? b : most;
+        }
+        if (keel_ecu_attn_scratch_max_bytes(mx, NH, HD, 32768) != most) {
+            printf("keel_ecu_attn_scratch_max_bytes(%d) is not the largest scratch of 1..%d rows\n", mx, mx);
+            return 1;
+        }
+    }
+#endif
 #ifndef KEEL_HAVE_CUDA
     printf("skip: this build has no CUDA kernels (configure with -DKEEL_CUDA=ON on a host with nvcc)\n");
     return 77;

@@ -66,29 +66,29 @@ static void within_bound(const char *what, const keel_model *m, const float *got
 static void test_teacher_forced(void **state) {
     fx *f = *state;
     const keel_config *c = &f->model.cfg;
-    const int n = f->n_tok, V = c->vocab, H = c->hidden;
+    const int n = f->n_tok, V = c->vocab, H = c->hidden, hops = 2 * c->n_layer + 1;
     keel_cuda_engine *e = NULL;
     keel_err err = {0};
     assert_int_equal(keel_cuda_engine_init(&e, &f->model, 64, &err), KEEL_OK);
     float *lg = malloc((size_t)n * V * sizeof(float)), *hd = malloc((size_t)n * H * sizeof(float));
-    assert_int_equal(keel_cuda_engine_forward(e, f->tokens, n, lg, KEEL_LOGITS_ALL, hd, &err), KEEL_OK);
-    within_bound("teacher-forced logits vs reference", &f->model, lg, f->logits, f->hidden, n, 2 * c->n_layer + 1);
-    for (int i = 0; i < n; i++)
-        assert_int_equal(keel_argmax(lg + (size_t)i * V, V), keel_argmax(f->logits + (size_t)i * V, V));
-    /* and against the CPU engine */
     keel_engine ce;
     assert_int_equal(keel_engine_init(&ce, &f->model, 64, &err), KEEL_OK);
     float *cl = malloc((size_t)n * V * sizeof(float));
     assert_int_equal(keel_engine_forward(&ce, f->tokens, n, cl, KEEL_LOGITS_ALL, NULL, &err), KEEL_OK);
-    within_bound("teacher-forced logits vs CPU engine", &f->model, lg, cl, f->hidden, n, 2 * c->n_layer + 1);
-    /* prompt chunks (the chunked Mamba scan, the whole window's attention tile): the same bound and top-1 */
-    keel_cuda_engine_reset(e);
-    keel_cuda_engine_set_window(e, 64);
-    assert_int_equal(keel_cuda_engine_forward(e, f->tokens, n, lg, KEEL_LOGITS_ALL, hd, &err), KEEL_OK);
-    within_bound("teacher-forced logits, 64-row prompt chunks, vs reference", &f->model, lg, f->logits, f->hidden, n,
-                 2 * c->n_layer + 1);
-    for (int i = 0; i < n; i++)
-        assert_int_equal(keel_argmax(lg + (size_t)i * V, V), keel_argmax(f->logits + (size_t)i * V, V));
+    /* exact windows of 8 rows, then 64-row prompt chunks (the chunked Mamba scan): the same bound and top-1 */
+    const int rows[2] = {8, 64};
+    for (int w = 0; w < 2; w++) {
+        keel_cuda_engine_reset(e);
+        keel_cuda_engine_set_window(e, rows[w]);
+        assert_int_equal(keel_cuda_engine_forward(e, f->tokens, n, lg, KEEL_LOGITS_ALL, hd, &err), KEEL_OK);
+        char what[96];
+        snprintf(what, sizeof what, "teacher-forced logits, %d-row windows, vs reference", rows[w]);
+        within_bound(what, &f->model, lg, f->logits, f->hidden, n, hops);
+        snprintf(what, sizeof what, "teacher-forced logits, %d-row windows, vs CPU engine", rows[w]);
+        within_bound(what, &f->model, lg, cl, f->hidden, n, hops);
+        for (int i = 0; i < n; i++)
+            assert_int_equal(keel_argmax(lg + (size_t)i * V, V), keel_argmax(f->logits + (size_t)i * V, V));
+    }
     keel_engine_free(&ce);
     free(cl);
     free(lg);

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "contract/engine_regs_cuda.h"
+#include "common/tk_contract.h"
 #include "core/core.h"
 
 #ifdef KEEL_HAVE_CUDA
@@ -59,21 +60,13 @@ static void test_entries_cover_launchers(void **state) {
 #ifdef KEEL_HAVE_CUDA
 static void test_gates_and_controls(void **state) {
     (void)state;
-    keel_contract_table t;
-    keel_contract_table_init(&t);
-    const int n = keel_contract_register_cuda_engine(&t);
-    assert_true(n >= 11);
     keel_contract_report rep;
-    keel_err err = {0};
-    assert_int_equal(keel_contract_run_all(&t, NULL, NULL, stdout, NULL, &rep, &err), KEEL_OK);
-    char line[512];
-    keel_contract_summary(t.regs[0].be->chip, &rep, line, sizeof line);
-    print_message("%s\n", line);
+    const int n = tk_contract_run(keel_contract_register_cuda_engine, NULL, &rep);
+    assert_true(n >= 11);
     assert_int_equal(rep.kernels, n);
     assert_int_equal(rep.fail, 0);
     assert_int_equal(rep.missed, 0);
     assert_int_equal(rep.red_as_planted + rep.red_early, rep.controls);
-    keel_contract_table_free(&t);
 }
 #endif
 

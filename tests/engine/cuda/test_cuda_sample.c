@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "contract/engine_regs_cuda.h"
+#include "common/tk_contract.h"
 #include "engine/sample_cases.h"
 
 #ifdef KEEL_HAVE_CUDA
@@ -152,18 +153,13 @@ static void test_time(void **state) {
 /* The contract's sampler registration: gates 1-4 pass, every control red at its gate. */
 static void test_contract(void **state) {
     (void)state;
-    keel_contract_table t;
-    keel_contract_table_init(&t);
-    assert_true(keel_contract_register_cuda_scan(&t) >= 3);
     keel_contract_report rep;
-    keel_err err = {0};
-    assert_int_equal(keel_contract_run_all(&t, "/sample/", NULL, stdout, NULL, &rep, &err), KEEL_OK);
+    assert_true(tk_contract_run(keel_contract_register_cuda_scan, "/sample/", &rep) >= 3);
     assert_int_equal(rep.kernels, 1);
     assert_int_equal(rep.fail, 0);
     assert_int_equal(rep.missed, 0);
     assert_int_equal(rep.red_as_planted, rep.controls);
     assert_true(rep.controls >= 2);
-    keel_contract_table_free(&t);
 }
 #endif
 

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "contract/engine_regs_cuda.h"
+#include "common/tk_contract.h"
 #include "core/core.h"
 
 #ifdef KEEL_HAVE_CUDA
@@ -119,18 +120,13 @@ static void test_nano_shape(void **state) {
 /* The contract's chunked-scan and router-group registrations: gates 1-4 pass, every control red at its gate. */
 static void test_contract(void **state) {
     (void)state;
-    keel_contract_table t;
-    keel_contract_table_init(&t);
-    assert_true(keel_contract_register_cuda_scan(&t) >= 3);
     keel_contract_report rep;
-    keel_err err = {0};
-    assert_int_equal(keel_contract_run_all(&t, "mamba-scan-chunked|route-groups", NULL, stdout, NULL, &rep, &err), KEEL_OK);
+    assert_true(tk_contract_run(keel_contract_register_cuda_scan, "mamba-scan-chunked|route-groups", &rep) >= 3);
     assert_int_equal(rep.kernels, 2);
     assert_int_equal(rep.fail, 0);
     assert_int_equal(rep.missed, 0);
     assert_int_equal(rep.red_as_planted, rep.controls);
     assert_true(rep.controls >= 4);
-    keel_contract_table_free(&t);
 }
 #endif
 
