@@ -83,7 +83,7 @@ struct keel_cuda_engine {
     int *hpin;     /* (4) page-locked: the step's position and the next, the sampled token */
     /* device state and scratch */
     float *conv, *ssm, *kc, *vc, *mtp_k, *mtp_v;
-    int *tok, *arg, *sel;
+    int *tok, *sel;
     int *dpos;     /* (4) the window's first position, the position after it, the MTP head's position */
     float *kn, *vn;        /* (WIN, kvd) this window's k and v before they enter the cache */
     float *ascratch;       /* attention's split-K partials */
@@ -271,7 +271,6 @@ static void layout(keel_cuda_engine *e, carve *c) {
     e->vn = take(c, ROWS * kvd * fl);
     e->ascratch = take(c, keel_ecu_attn_scratch_max_bytes(ROWS, KEEL_MAX(g->n_head, 1), KEEL_MAX(g->head_dim, 1), (int)ctx));
     e->sscratch = take(c, keel_ecu_sample_scratch_bytes(g->vocab));
-    e->arg = take(c, sizeof(int));
     e->sel = take(c, ROWS * K * sizeof(int));
     e->x = take(c, ROWS * H * fl);
     e->xnf = take(c, ROWS * H * fl);
