@@ -11,6 +11,8 @@
 #define keel_cuda_stream_splits keel_contract_twin_cuda_stream_splits
 #define keel_cuda_stream_matmul_rows keel_contract_twin_cuda_stream_matmul_rows
 #define keel_cuda_stream_tune keel_contract_twin_cuda_stream_tune
+#define keel_cuda_stream_prefetch keel_contract_twin_cuda_stream_prefetch
+#define keel_cuda_stream_pdl keel_contract_twin_cuda_stream_pdl
 
 #include <stdio.h>
 

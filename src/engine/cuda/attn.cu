@@ -459,6 +459,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
  * is exact, so the scan order does not matter), then per channel the fma chain of the merge. */
 __global__ void __launch_bounds__(kSeg) attn_combine_kernel(AP a) {
     __shared__ float smx[kSeg], sa[kSeg], sb[kSeg], wmx[kSeg / 32];
+    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
     const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
     const int pp = min(max(*a.d_pos + r, 0), a.ctx - 1), nc = pp / kChunk + 1;
     const long long base = ((long long)r * a.nh + h) * a.NC;

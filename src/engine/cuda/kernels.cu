@@ -73,14 +73,22 @@ __device__ __forceinline__ uint32_t code_at(const uint32_t *row, int bits, int c
     return (uint32_t)(two >> sh) & ((1u << bits) - 1u);
 }
 
-/* Sum over the block with a fixed tree; every thread gets the result. buf holds blockDim.x floats. */
+/* Sum over the block with a fixed tree (v[i] += v[i + s] for s = blockDim/2 .. 1, blockDim a power of two >= 32);
+ * every thread gets the result. The strides below a warp go through shuffles, which add the same pairs in the same
+ * order as the shared-memory steps above them. buf holds blockDim.x floats. */
 __device__ float block_sum(float v, float *buf) {
     buf[threadIdx.x] = v;
     __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    for (int s = blockDim.x / 2; s >= 32; s >>= 1) {
         if ((int)threadIdx.x < s) buf[threadIdx.x] = __fadd_rn(buf[threadIdx.x], buf[threadIdx.x + s]);
         __syncthreads();
     }
+    if (threadIdx.x < 32) {
+        float w = buf[threadIdx.x];
+        for (int s = 16; s > 0; s >>= 1) w = __fadd_rn(w, kp_shfl_down_f32(w, s));
+        if (threadIdx.x == 0) buf[0] = w;
+    }
+    __syncthreads();
     float r = buf[0];
     __syncthreads();
     return r;
@@ -132,16 +140,55 @@ __device__ void norm_row(const float *xr, DVec w, int n, float eps, float *yf, u
 
 __global__ void rmsnorm_kernel(const float *x, int ldx, DVec w, int n, float eps, float *yf, uint16_t *yb, int ldy) {
     __shared__ float buf[kNormThreads];
+    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
     const long long r = blockIdx.x;
     norm_row(x + r * ldx, w, n, eps, yf ? yf + r * ldy : nullptr, yb ? yb + r * ldy : nullptr, buf);
     if (PLANTED(KEEL_ECU_PLANT_PASTEND) && threadIdx.x == 0 && r == gridDim.x - 1 && yf) yf[r * ldy + n] = 0.0f;
 }
 
+/* Rows up to kNormThreads * kNormRegs keep their sums in registers between the residual add and the norm (one pass
+ * over memory); the arithmetic and its order are the same either way. */
+constexpr int kNormRegs = 16;
+
 __global__ void add_rmsnorm_kernel(float *x, const float *a, const float *b, DVec bias, DVec w, int n, float eps,
                                    float *yf, uint16_t *yb) {
     __shared__ float buf[kNormThreads];
+    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
     const long long r = blockIdx.x;
     float *xr = x + r * n;
+    if (n <= kNormRegs * (int)blockDim.x) {
+        float v[kNormRegs];
+#pragma unroll
+        for (int j = 0; j < kNormRegs; j++) {
+            const int i = (int)threadIdx.x + j * (int)blockDim.x;
+            v[j] = 0.0f;
+            if (i < n) {
+                float t = a[r * n + i];
+                if (b) t = __fadd_rn(t, b[r * n + i]);
+                if (bias.n && !PLANTED(KEEL_ECU_PLANT_NOBIAS)) t = __fadd_rn(t, vget(bias, i));
+                v[j] = __fadd_rn(xr[i], t);
+                xr[i] = v[j];
+            }
+        }
+        if (!w.n) return;
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kNormRegs; j++)
+            if ((int)threadIdx.x + j * (int)blockDim.x < n) ss = __fadd_rn(ss, __fmul_rn(v[j], v[j]));
+        ss = block_sum(ss, buf);
+        const float inv = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
+        float *of = yf ? yf + r * n : nullptr;
+        uint16_t *ob = yb ? yb + r * n : nullptr;
+#pragma unroll
+        for (int j = 0; j < kNormRegs; j++) {
+            const int i = (int)threadIdx.x + j * (int)blockDim.x;
+            if (i >= n) continue;
+            const float o = __fmul_rn(__fmul_rn(v[j], inv), vget(w, i));
+            if (of) of[i] = o;
+            if (ob) ob[i] = kp_f32_to_bf16(o);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float t = a[r * n + i];
         if (b) t = __fadd_rn(t, b[r * n + i]);
@@ -347,6 +394,7 @@ __global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, 
 __global__ void gate_norm_kernel(const float *y, const float *proj, int ld, DVec w, int G, int DI, float eps,
                                  uint16_t *out, float *outf) {
     __shared__ float buf[kNormThreads];
+    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
     const int r = blockIdx.x / G, q = blockIdx.x % G, gs = PLANTED(KEEL_ECU_PLANT_GROUPS) && q == 0 ? DI / G + 1 : DI / G;
     const float *yr = y + (long long)r * DI + (long long)q * gs, *z = proj + (long long)r * ld + (long long)q * gs;
     float ss = 0.0f;
@@ -495,6 +543,7 @@ __device__ __forceinline__ void union_group(const int *sel, const float *w, int 
 __global__ void union_kernel(const int *sel, const float *w, int m, int K, int E, int cap, keel_cuda_route *items,
                              float *weights) {
     __shared__ int live[32];
+    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
     union_group(sel, w, m, K, E, cap, items, weights, blockIdx.x, threadIdx.x, live);
 }
 

@@ -84,6 +84,12 @@ bool keel_cuda_stream_tune(int l2_block, int max_stages);
  * alone), 2 their weight copies (the arithmetic alone, on stale shared memory); outputs are wrong while it is set.
  * 0 (the default) restores the tiles. */
 void keel_cuda_stream_diag(int mode);
+/* Scheduling knobs (never the arithmetic): each warp asks L2 for its rows' next chunk of `chunk_stages` stages ahead of
+ * its ring (0: no prefetch; the default 4 gives long DRAM bursts: docs/stream-tiles.md); false, and nothing changed,
+ * outside 0..64. keel_cuda_stream_pdl(1), the default, launches the tiles as programmatic dependents on sm_90+: a tile
+ * starts its weight prefetch while the previous kernel on the stream still runs and waits for it before reading x. */
+bool keel_cuda_stream_prefetch(int chunk_stages);
+void keel_cuda_stream_pdl(int on);
 
 /* Changes whenever the tiles' scratch (k-split partials, arrival counters) is reallocated, which a launch does only
  * the first time it needs more: a CUDA graph captured before a change holds freed memory and must be captured again. */

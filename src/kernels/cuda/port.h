@@ -95,6 +95,14 @@ static __device__ __forceinline__ float kp_shfl_xor_f32(float v, int mask) {
     return __uint_as_float(kp_shfl_xor(__float_as_uint(v), mask));
 }
 static __device__ __forceinline__ int kp_shfl_xor_i32(int v, int mask) { return (int)kp_shfl_xor((uint32_t)v, mask); }
+/* Lane i gets lane i + d's float (lanes past 31 keep their own). */
+static __device__ __forceinline__ float kp_shfl_down_f32(float v, int d) {
+#if defined(__HIPCC__)
+    return __shfl_down(v, (unsigned)d, 32);
+#else
+    return __shfl_down_sync(KP_FULL_MASK, v, (unsigned)d, 32);
+#endif
+}
 
 static __device__ __forceinline__ void kp_syncwarp(void) {
 #if defined(__HIPCC__)
@@ -248,6 +256,35 @@ static __device__ __forceinline__ void kp_cp_async16_l2(void *smem, const void *
                  : "memory");
 #else
     *(uint4 *)smem = *(const uint4 *)gmem;
+#endif
+}
+/* Asks L2 to fetch the 16-byte-aligned interior of [p, p + bytes) (one bulk request on sm_90, one per 128-byte
+ * line before; a hint that never faults and never changes a result; nothing on HIP). */
+static __device__ __forceinline__ void kp_prefetch_l2(const void *p, long long bytes) {
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__)
+    const unsigned long long a = ((unsigned long long)p + 15ull) & ~15ull, e = ((unsigned long long)p + bytes) & ~15ull;
+    if (bytes <= 0 || e <= a) return;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
+#else
+    for (unsigned long long l = a & ~127ull; l < e; l += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(l));
+#endif
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+/* Programmatic dependent launch (sm_90): kp_grid_wait blocks until the grid this launch depends on has finished and
+ * its writes are visible (returns at once for a plain launch); kp_grid_release lets the next grid on the stream start
+ * launching while this one runs. Both are nothing elsewhere. */
+static __device__ __forceinline__ void kp_grid_wait(void) {
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void kp_grid_release(void) {
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" :::);
 #endif
 }
 /* A load that skips L1 (data other blocks of the same launch wrote, after their fence). */

@@ -113,6 +113,7 @@ struct Params {
     int nst, stride, sw;    /* ring stages, words per stage slot, scale words per row per stage */
     int l2_block;           /* code copies ask L2 for the whole 256-byte block around them */
     int diag;               /* benchmark diagnosis only: 1 skips the arithmetic, 2 the weight copies */
+    int pfs;                /* stages per L2 prefetch chunk of each row (0: none); one chunk ahead of the ring */
     int fold;               /* the last block of a tile adds the partials (else stream_finish does) */
     float *part;            /* splits > 1 or MODE_REDUCE: [split][item][8][n] fp32 partials */
     unsigned *cnt;          /* arrivals per (tile, item) (per tile in MODE_REDUCE); zero between launches */
@@ -252,6 +253,23 @@ __device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, i
         }
     }
     kp_cp_commit();
+}
+
+/* Asks L2 for chunk c (pfs stages) of the warp's 16 rows: lane l < 16 the codes of row l, and every lane its scale
+ * (l < 16) or bias (l >= 16) elements of row l % 16. Long contiguous row pieces keep DRAM streaming at full rate
+ * while the ring copies short pieces out of L2. */
+template <int B>
+__device__ __forceinline__ void prefetch_chunk(const Params &P, const Prod<B> &Q, int c, int lane) {
+    using G = Geo<B>;
+    const int k0 = Q.ks + c * P.pfs * G::SK;
+    if (k0 >= Q.ke) return;
+    const int k1 = min(Q.ke, k0 + P.pfs * G::SK);
+    if (lane < 16) {
+        const int row = min(Q.row0 + lane, Q.rlast);
+        kp_prefetch_l2(Q.wb + (long long)row * Q.rw + (k0 >> 5) * B, (long long)((k1 - k0) >> 5) * B * 4);
+    }
+    const int esz = P.sdt == SDT_F32 ? 4 : 2;
+    kp_prefetch_l2((const char *)Q.base + (Q.e + (k0 >> Q.lg)) * esz, (long long)((k1 - k0) >> Q.lg) * esz);
 }
 
 /* Stages x-chunk [c0, c0 + len) of the item's m rows in mma fragment order: a uint4 per (row, block, t) at
@@ -396,6 +414,8 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
     uint4 *xf = smem_raw;                                      /* kXBytes of fragments */
     float *xs = (float *)(smem_raw + kXBytes / 16);           /* kXSums */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    kp_grid_release(); /* the next launch on the stream may start its own weight prefetch now */
+    if (P.items) kp_grid_wait(); /* the routed list is the previous kernel's output */
     uint8_t *wsm = (uint8_t *)(xs + kXSums) + warp * kWarpBytes;
     float2 *sbf = (float2 *)wsm;                               /* the warp's (scale, bias) table */
     uint32_t *ring = (uint32_t *)(wsm + G::SBF);               /* then its ring of P.nst slots */
@@ -429,12 +449,18 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
     const int tw = (t * B) >> 2, tsh = ((t * B) & 3) * 8;
     const bool xlive = g < P.m, xs0ok = 2 * t < P.m, xs1ok = 2 * t + 1 < P.m;
 
+    if (P.pfs) {
+        prefetch_chunk<B>(P, Q, 0, lane);
+        prefetch_chunk<B>(P, Q, 1, lane);
+    }
     for (int s = 0; s < nst - 1; s++) issue_stage<B>(P, Q, s, ring + s * stride, lane);
+    kp_grid_wait(); /* weights only so far: x, the partials and the counters belong to the previous kernel until now */
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     int kc = 0, slot_i = 0, nblk = 0; /* position in the x-chunk; ring slot of stage s; the chunk's blocks */
     for (int s = 0; s < nstage; s++) {
         const int k0 = Q.ks + s * G::SK;
+        if (P.pfs && s > 0 && s % P.pfs == 0) prefetch_chunk<B>(P, Q, s / P.pfs + 1, lane);
         if (kc == 0) { /* a new x-chunk: every warp is done with the last one */
             __syncthreads();
             const int len = min(P.xk, Q.ke - k0), lenp = (len + G::SK - 1) / G::SK * G::SK;
@@ -550,7 +576,9 @@ size_t g_part_cap = 0;
 unsigned *g_cnt = nullptr; /* arrival counters, zero between launches */
 size_t g_cnt_cap = 0;
 constexpr int kL2Block = 1; /* default: code copies ask L2 for whole 256-byte blocks */
-int g_l2_block = kL2Block, g_max_stages = kMaxStages, g_diag = 0;
+constexpr int kPrefetchStages = 4; /* default: L2 prefetch chunks of 4 stages (512 bytes a row at 4 bits) */
+int g_l2_block = kL2Block, g_max_stages = kMaxStages, g_diag = 0, g_pf_stages = kPrefetchStages, g_pdl = 1;
+int g_pdl_ok = -1; /* the device can launch programmatic dependents (sm_90+), once known */
 
 int sm_count(void) {
     if (g_sms == 0) {
@@ -585,6 +613,29 @@ template <int B, bool XF16> void launch_t(const Params &P, unsigned blocks, cuda
 #endif
         attr = true;
     }
+#if !defined(__HIPCC__)
+    if (g_pdl_ok < 0) {
+        int dev = 0, major = 0;
+        KEEL_CUDA_CHECK(cudaGetDevice(&dev));
+        KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        g_pdl_ok = major >= 9;
+    }
+    if (g_pdl && g_pdl_ok) { /* may start while the previous kernel runs: the tile waits for it before reading x */
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(blocks);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = smem_bytes<B>();
+        cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        KEEL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, stream_tile<B, XF16>, P));
+        KEEL_CUDA_CHECK_LAUNCH();
+        return;
+    }
+#endif
     stream_tile<B, XF16><<<blocks, kThreads, smem_bytes<B>(), st>>>(P);
     KEEL_CUDA_CHECK_LAUNCH();
 }
@@ -659,6 +710,7 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
     KEEL_ASSERTF(P.nst >= 1, "stream tile: a %d-bit ring holds %d stages", W->bits, P.nst);
     P.l2_block = g_l2_block;
     P.diag = g_diag;
+    P.pfs = g_pf_stages == 0 ? 0 : g_pf_stages > P.nst ? g_pf_stages : P.nst; /* a chunk covers the ring's reach */
     const bool partials = P.splits > 1 || P.mode == MODE_REDUCE;
     P.fold = P.mode == MODE_STORE || (long long)n_items * P.splits <= kFoldMax;
     if (partials) {
@@ -710,6 +762,14 @@ extern "C" bool keel_cuda_stream_tune(int l2_block, int max_stages) {
     g_max_stages = max_stages;
     return true;
 }
+
+extern "C" bool keel_cuda_stream_prefetch(int chunk_stages) {
+    if (chunk_stages < 0 || chunk_stages > 64) return false;
+    g_pf_stages = chunk_stages;
+    return true;
+}
+
+extern "C" void keel_cuda_stream_pdl(int on) { g_pdl = on != 0; }
 
 extern "C" void keel_cuda_stream_matmul(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y,
                                         keel_dtype ydt, keel_epilogue epi, void *stream) {
