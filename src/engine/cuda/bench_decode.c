@@ -13,13 +13,15 @@
 static const char *const USAGE =
     "usage: keel bench decode MODEL_DIR [--prompt-tokens P] [--tokens N] [--context C] [--backend cpu|cuda]\n"
     "                         [--activations bf16|f32] [--graphs on|off] [--pdl on|off] [--prefetch S]\n"
+    "                         [--split-target Q]\n"
     "  runs a P-token prompt (default 512) then N greedy decode steps (default 128) and reports prompt and decode\n"
     "  tokens/s. On cuda also: the bandwidth floor (bytes one step reads over the read bandwidth measured in the same\n"
     "  run) and its ratio to the measured time, and the time per token by kernel family (CUDA events, a second pass\n"
     "  launch by launch). --context C (cuda) starts decoding at context C: the prompt sits at C - P after C - P\n"
     "  positions of zero keys and values. --graphs off decodes launch by launch instead of replaying a CUDA graph.\n"
     "  --pdl off launches the stream tiles after the previous kernel ends instead of as programmatic dependents;\n"
-    "  --prefetch S sets the tiles' L2 prefetch chunk in stages (0: none; default 4).\n";
+    "  --prefetch S sets the tiles' L2 prefetch chunk in stages (default 0: none); --split-target Q splits k so that\n"
+    "  a matrix gives about Q/4 blocks an SM (default 2).\n";
 
 static int fail(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "keel bench decode: ");
@@ -52,7 +54,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
     const char *dir = NULL;
     int P = 512, N = 128, backend = -1, C = 0;
     bool f32 = false, graphs = true, pdl = true, tuned = false;
-    int prefetch = 4;
+    int prefetch = 0, split_q = 2;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -79,6 +81,9 @@ int keel_engine_bench_decode(int argc, char **argv) {
         } else if (!strcmp(o, "--prefetch")) {
             if (!parse_count(v, 0, 64, &prefetch)) return fail("--prefetch '%s': expected 0..64 stages%s", v ? v : "", "");
             tuned = true;
+        } else if (!strcmp(o, "--split-target")) {
+            if (!parse_count(v, 1, 64, &split_q)) return fail("--split-target '%s': expected 1..64%s", v ? v : "", "");
+            tuned = true;
         } else if (!strcmp(o, "--activations")) {
             if (v && (!strcmp(v, "bf16") || !strcmp(v, "f32"))) f32 = !strcmp(v, "f32");
             else return fail("--activations '%s': expected bf16 or f32%s", v ? v : "", "");
@@ -100,7 +105,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
 #endif
     if (f32 && backend == KEEL_BACKEND_CPU) return fail("--activations f32 is a CUDA engine option%s%s", "", "");
     if ((C || !graphs || tuned) && backend == KEEL_BACKEND_CPU)
-        return fail("--context, --graphs, --pdl and --prefetch are CUDA engine options%s%s", "", "");
+        return fail("--context, --graphs, --pdl, --prefetch and --split-target are CUDA engine options%s%s", "", "");
     if (C && C < P) return fail("--context must be at least --prompt-tokens%s%s", "", "");
     const int start = C ? C - P : 0;
     keel_model m;
@@ -139,6 +144,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
         read_gbs = keel_cuda_read_gbs();
         keel_cuda_stream_pdl(pdl);
         keel_cuda_stream_prefetch(prefetch);
+        keel_cuda_stream_split_target(split_q);
         if (keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK ||
             keel_cuda_engine_set_activations(ce, f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK ||
             (keel_cuda_engine_set_graphs(ce, graphs), keel_cuda_engine_set_start(ce, start),
@@ -169,8 +175,8 @@ int keel_engine_bench_decode(int argc, char **argv) {
                start + P + res.n_gen);
 #ifdef KEEL_HAVE_CUDA
         if (backend == KEEL_BACKEND_CUDA)
-            printf("stream tiles: programmatic dependent launch %s, L2 prefetch chunk %d stages\n", pdl ? "on" : "off",
-                   prefetch);
+            printf("stream tiles: programmatic dependent launch %s, L2 prefetch chunk %d stages, k-split target %d/4 "
+                   "blocks an SM\n", pdl ? "on" : "off", prefetch, split_q);
         if (backend == KEEL_BACKEND_CUDA && res.n_gen > 0 && read_gbs > 0) {
             const double bytes = (double)keel_cuda_engine_step_bytes(ce, start + P + res.n_gen / 2);
             const double floor_ms = bytes / (read_gbs * 1e9) * 1e3, ms = 1e3 * res.gen_s / res.n_gen;

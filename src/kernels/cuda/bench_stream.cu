@@ -243,7 +243,7 @@ static void sweep(void *x, float *y, int best_cfg[2]) {
 
 extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     bool quick = false, do_sweep = false, table = true;
-    int tune_l2 = -1, tune_st = -1, prefetch = 4, pdl = 0;
+    int tune_l2 = -1, tune_st = -1, prefetch = 0, pdl = 0, split_q = 2;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--quick")) {
             quick = true;
@@ -253,13 +253,15 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
             do_sweep = true, table = false;
         } else if (!strcmp(argv[a], "--prefetch") && a + 1 < argc && sscanf(argv[a + 1], "%d", &prefetch) == 1) {
             a++;
+        } else if (!strcmp(argv[a], "--split-target") && a + 1 < argc && sscanf(argv[a + 1], "%d", &split_q) == 1) {
+            a++;
         } else if (!strcmp(argv[a], "--pdl")) {
             pdl = 1;
         } else if (!strcmp(argv[a], "--tune") && a + 1 < argc && sscanf(argv[a + 1], "%d,%d", &tune_l2, &tune_st) == 2) {
             a++;
         } else {
             fprintf(stderr, "keel bench stream: unknown option '%s' (expected --quick, --sweep, --sweep-only, "
-                            "--tune L2BLOCK,STAGES, --prefetch S, --pdl)\n", argv[a]);
+                            "--tune L2BLOCK,STAGES, --prefetch S, --pdl, --split-target Q)\n", argv[a]);
             return 2;
         }
     }
@@ -269,6 +271,10 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     }
     if (!keel_cuda_stream_prefetch(prefetch)) {
         fprintf(stderr, "keel bench stream: --prefetch %d out of range (0..64 stages)\n", prefetch);
+        return 2;
+    }
+    if (!keel_cuda_stream_split_target(split_q)) {
+        fprintf(stderr, "keel bench stream: --split-target %d out of range (1..64)\n", split_q);
         return 2;
     }
     /* one launch at a time unless asked: with programmatic dependents a launch overlaps the next one's start */
@@ -298,7 +304,8 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         keel_cuda_free(o);
     }
     printf("device: %s\nread bandwidth (plain streaming read, 4 GiB): %.0f GB/s\n", dev, g_read_gbs);
-    printf("stream tiles: L2 prefetch chunk %d stages, programmatic dependent launch %s\n", prefetch, pdl ? "on" : "off");
+    printf("stream tiles: L2 prefetch chunk %d stages, programmatic dependent launch %s, k-split target %d/4 blocks an SM\n",
+           prefetch, pdl ? "on" : "off", split_q);
     void *x = keel_cuda_malloc((size_t)8 * 16384 * 2);
     fill(x, (size_t)8 * 16384 * 2, 3u, 2);
     float *y = (float *)keel_cuda_malloc((size_t)8 * 131072 * 4);

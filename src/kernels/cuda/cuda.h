@@ -85,11 +85,15 @@ bool keel_cuda_stream_tune(int l2_block, int max_stages);
  * 0 (the default) restores the tiles. */
 void keel_cuda_stream_diag(int mode);
 /* Scheduling knobs (never the arithmetic): each warp asks L2 for its rows' next chunk of `chunk_stages` stages ahead of
- * its ring (0: no prefetch; the default 4 gives long DRAM bursts: docs/stream-tiles.md); false, and nothing changed,
+ * its ring (0, the default: none; docs/stream-tiles.md has what it measured); false, and nothing changed,
  * outside 0..64. keel_cuda_stream_pdl(1), the default, launches the tiles as programmatic dependents on sm_90+: a tile
  * starts its weight prefetch while the previous kernel on the stream still runs and waits for it before reading x. */
 bool keel_cuda_stream_prefetch(int chunk_stages);
 void keel_cuda_stream_pdl(int on);
+/* The k-split's target (keel_cuda_stream_splits): split a shape whose row tiles give fewer than quarters / 4 blocks an
+ * SM into that many blocks; 1..64 (default 2), false outside. It changes the slices' sums, so set it before any launch
+ * whose bits must match another's (a captured graph, an exact window). */
+bool keel_cuda_stream_split_target(int quarters);
 
 /* Changes whenever the tiles' scratch (k-split partials, arrival counters) is reallocated, which a launch does only
  * the first time it needs more: a CUDA graph captured before a change holds freed memory and must be captured again. */

@@ -576,7 +576,9 @@ size_t g_part_cap = 0;
 unsigned *g_cnt = nullptr; /* arrival counters, zero between launches */
 size_t g_cnt_cap = 0;
 constexpr int kL2Block = 1; /* default: code copies ask L2 for whole 256-byte blocks */
-constexpr int kPrefetchStages = 4; /* default: L2 prefetch chunks of 4 stages (512 bytes a row at 4 bits) */
+constexpr int kPrefetchStages = 0; /* default: no L2 prefetch chunks (measured slower: docs/stream-tiles.md) */
+constexpr int kSplitTarget = 2;    /* default k-split target: blocks per SM for one item, in quarters */
+int g_split_target = kSplitTarget;
 int g_l2_block = kL2Block, g_max_stages = kMaxStages, g_diag = 0, g_pf_stages = kPrefetchStages, g_pdl = 1;
 int g_pdl_ok = -1; /* the device can launch programmatic dependents (sm_90+), once known */
 
@@ -740,11 +742,11 @@ extern "C" unsigned keel_cuda_stream_scratch_epoch(void) { return g_epoch; }
 
 extern "C" int keel_cuda_stream_splits(int n, int k, int n_items) {
     (void)n_items; /* never the item count: a routed launch rounds each item as a launch of one would */
-    /* Split k only when the row tiles cannot give half the SMs a block; then about one block per two SMs for each
-     * item (a routed launch brings several), slices of at least two 128-code quads. */
-    const long long tiles = (n + kRowsPerBlock - 1) / kRowsPerBlock, sms = sm_count();
-    if (2 * tiles >= sms) return 1;
-    long long want = (sms + 2 * tiles - 1) / (2 * tiles);
+    /* Split k only when the row tiles cannot give the SMs g_split_target / 4 blocks each; then that many blocks for
+     * each item (a routed launch brings several), slices of at least two 128-code quads. */
+    const long long tiles = (n + kRowsPerBlock - 1) / kRowsPerBlock, sms = sm_count(), q = g_split_target;
+    if (4 * tiles >= q * sms) return 1;
+    long long want = (q * sms + 4 * tiles - 1) / (4 * tiles);
     const long long nq = (k + kQuad - 1) / kQuad, most = k / (2 * kQuad) > 1 ? k / (2 * kQuad) : 1;
     if (want > nq) want = nq;
     if (want > most) want = most;
@@ -770,6 +772,12 @@ extern "C" bool keel_cuda_stream_prefetch(int chunk_stages) {
 }
 
 extern "C" void keel_cuda_stream_pdl(int on) { g_pdl = on != 0; }
+
+extern "C" bool keel_cuda_stream_split_target(int quarters) {
+    if (quarters < 1 || quarters > 64) return false;
+    g_split_target = quarters;
+    return true;
+}
 
 extern "C" void keel_cuda_stream_matmul(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y,
                                         keel_dtype ydt, keel_epilogue epi, void *stream) {
