@@ -21,7 +21,7 @@ static const char *const USAGE =
     "  positions of zero keys and values. --graphs off decodes launch by launch instead of replaying a CUDA graph.\n"
     "  --pdl off launches the stream tiles after the previous kernel ends instead of as programmatic dependents;\n"
     "  --prefetch S sets the tiles' L2 prefetch chunk in stages (default 0: none); --split-target Q splits k so that\n"
-    "  a matrix gives about Q/4 blocks an SM (default 2).\n";
+    "  a matrix gives about Q/4 blocks an SM (default 4).\n";
 
 static int fail(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "keel bench decode: ");
@@ -54,7 +54,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
     const char *dir = NULL;
     int P = 512, N = 128, backend = -1, C = 0;
     bool f32 = false, graphs = true, pdl = true, tuned = false;
-    int prefetch = 0, split_q = 2;
+    int prefetch = 0, split_q = 4;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {

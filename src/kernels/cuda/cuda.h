@@ -91,7 +91,7 @@ void keel_cuda_stream_diag(int mode);
 bool keel_cuda_stream_prefetch(int chunk_stages);
 void keel_cuda_stream_pdl(int on);
 /* The k-split's target (keel_cuda_stream_splits): split a shape whose row tiles give fewer than quarters / 4 blocks an
- * SM into that many blocks; 1..64 (default 2), false outside. It changes the slices' sums, so set it before any launch
+ * SM into that many blocks; 1..64 (default 4), false outside. It changes the slices' sums, so set it before any launch
  * whose bits must match another's (a captured graph, an exact window). */
 bool keel_cuda_stream_split_target(int quarters);
 

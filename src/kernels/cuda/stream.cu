@@ -577,7 +577,7 @@ unsigned *g_cnt = nullptr; /* arrival counters, zero between launches */
 size_t g_cnt_cap = 0;
 constexpr int kL2Block = 1; /* default: code copies ask L2 for whole 256-byte blocks */
 constexpr int kPrefetchStages = 0; /* default: no L2 prefetch chunks (measured slower: docs/stream-tiles.md) */
-constexpr int kSplitTarget = 2;    /* default k-split target: blocks per SM for one item, in quarters */
+constexpr int kSplitTarget = 4;    /* default k-split target: one block an SM for one item (in quarters), the measured best */
 int g_split_target = kSplitTarget;
 int g_l2_block = kL2Block, g_max_stages = kMaxStages, g_diag = 0, g_pf_stages = kPrefetchStages, g_pdl = 1;
 int g_pdl_ok = -1; /* the device can launch programmatic dependents (sm_90+), once known */
