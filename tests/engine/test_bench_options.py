@@ -1,5 +1,6 @@
 """keel bench decode refuses bad options with a message naming the option, before touching a model or a device:
---context below --prompt-tokens, --context or --graphs on the CPU backend, values that are not numbers or on/off."""
+--context below --prompt-tokens, the CUDA engine's options (--context, --graphs, --pdl, --prefetch, --split-target) on
+the CPU backend, values that are not numbers, on/off, or in range."""
 import os
 import subprocess
 import sys
@@ -26,12 +27,20 @@ def main():
     expect(["--context", "0"], "--context '0': expected 1..16777216")
     expect(["--graphs", "maybe"], "--graphs 'maybe': expected on or off")
     expect(["--graphs"], "--graphs '': expected on or off")
-    expect(["--context", "100", "--backend", "cpu"], "--context and --graphs are CUDA engine options")
-    expect(["--graphs", "off", "--backend", "cpu"], "--context and --graphs are CUDA engine options")
+    cuda_only = "--context, --graphs, --pdl, --prefetch and --split-target are CUDA engine options"
+    expect(["--context", "100", "--backend", "cpu"], cuda_only)
+    expect(["--graphs", "off", "--backend", "cpu"], cuda_only)
+    expect(["--pdl", "off", "--backend", "cpu"], cuda_only)
+    expect(["--split-target", "8", "--backend", "cpu"], cuda_only)
+    expect(["--prefetch", "4", "--backend", "cpu"], cuda_only)
+    expect(["--pdl", "sometimes"], "--pdl 'sometimes': expected on or off")
+    expect(["--split-target", "0"], "--split-target '0': expected 1..64")
+    expect(["--split-target", "65"], "--split-target '65': expected 1..64")
+    expect(["--prefetch", "-1"], "--prefetch '-1': expected 0..64 stages")
     r = bench("--context", "5", "--prompt-tokens", "10", "--backend", "cuda")
     assert r.returncode != 0, r.stdout
     assert ("--context must be at least --prompt-tokens" in r.stderr or "built without CUDA" in r.stderr), r.stderr
-    print("bench decode option refusals: 7 cases")
+    print("bench decode option refusals: 14 cases")
     return 0
 
 
