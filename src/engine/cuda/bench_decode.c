@@ -97,6 +97,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
         i++;
     }
     if (!dir) return fail("no MODEL_DIR given%s%s", "", "");
+    (void)pdl, (void)prefetch, (void)split_q; /* read by the CUDA engine only */
 #ifdef KEEL_HAVE_CUDA
     if (backend < 0) backend = keel_cuda_device_count() > 0 ? KEEL_BACKEND_CUDA : KEEL_BACKEND_CPU;
 #else
