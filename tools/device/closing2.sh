@@ -3,19 +3,9 @@
 # CUDA contract with its SUMMARY line; the stream-tile, engine and synthetic-agreement tests; `keel bench decode` on
 # the Nano-30B-A3B shape at 1k (defaults, and with programmatic dependent launch off) and 32k; `keel bench stream
 # --quick`; ncu's headline metrics of one 4-bit lm_head m=1 launch. Logs go to $OUT (at most 8 files come back).
-set -uo pipefail
-OUT=${OUT:-/tmp/keel-closing2}
-mkdir -p "$OUT"
-. .devdeps/env.sh
-export KEEL_FIXTURES=$PWD/.devfix KEEL_SRC=$PWD KEEL_TMP=/tmp/keel-c2-tmp
-mkdir -p "$KEEL_TMP"
-B=${BUILD_DIR:-build-c2}
-t=$(date +%s)
-{ cmake -S . -B $B -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release >/dev/null &&
-  cmake --build $B -j "$(nproc)" --target keel kernels_cuda_test_stream_cuda engine_cuda_test_cuda_engine engine_cuda_test_cuda_synth; } >/tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
-echo "build: $(( $(date +%s) - t )) s"
-K=$B/keel
-export KEEL_BIN=$PWD/$K
+NAME=c2
+. "$(dirname "$0")/lib.sh"
+build kernels_cuda_test_stream_cuda engine_cuda_test_cuda_engine engine_cuda_test_cuda_synth
 t=$(date +%s)
 timeout 300 $K contract --backend cuda >"$OUT/contract.log" 2>&1
 echo "contract rc=$? in $(( $(date +%s) - t )) s"; grep -E "^(FAIL|MISSED|LIMIT)" "$OUT/contract.log" | head -10

@@ -2,17 +2,9 @@
 # On the GPU machine: the k-split target sweep for decode (issue #8). Builds keel (sm_90), writes the Nano-30B-A3B
 # shape, runs `keel bench decode` at 1k for each split target in $QS (PDL on, no L2 prefetch) and `keel bench stream
 # --quick` at two targets; the tests' verdicts go last. Logs go to $OUT (at most 8 files come back).
-set -uo pipefail
-OUT=${OUT:-/tmp/keel-split}
-mkdir -p "$OUT"
-. .devdeps/env.sh
-export KEEL_FIXTURES=$PWD/.devfix KEEL_SRC=$PWD KEEL_TMP=/tmp/keel-split-tmp
-mkdir -p "$KEEL_TMP"
-B=${BUILD_DIR:-build-split}
-{ cmake -S . -B $B -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release >/dev/null &&
-  cmake --build $B -j "$(nproc)" --target keel kernels_cuda_test_stream_cuda engine_cuda_test_cuda_engine; } >/tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
-K=$B/keel
-export KEEL_BIN=$PWD/$K
+NAME=split
+. "$(dirname "$0")/lib.sh"
+build kernels_cuda_test_stream_cuda engine_cuda_test_cuda_engine
 timeout 120 $K synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64 >/dev/null 2>&1 || echo "synth failed"
 for q in ${QS:-2 4 8 12 16}; do
   timeout 60 $K bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda --split-target $q >"$OUT/dec_q$q.log" 2>&1

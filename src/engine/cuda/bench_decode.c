@@ -53,8 +53,8 @@ static int first_token_resets(void *user, int tok, int64_t pos) {
 int keel_engine_bench_decode(int argc, char **argv) {
     const char *dir = NULL;
     int P = 512, N = 128, backend = -1, C = 0;
-    bool f32 = false, graphs = true, pdl = true, tuned = false;
-    int prefetch = 0, split_q = 4;
+    bool f32 = false, graphs = true;
+    int pdl = -1, prefetch = -1, split_q = -1; /* the stream tiles' levers; -1: not given, the library's default */
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -77,13 +77,10 @@ int keel_engine_bench_decode(int argc, char **argv) {
         } else if (!strcmp(o, "--pdl")) {
             if (v && (!strcmp(v, "on") || !strcmp(v, "off"))) pdl = !strcmp(v, "on");
             else return fail("--pdl '%s': expected on or off%s", v ? v : "", "");
-            tuned = true;
         } else if (!strcmp(o, "--prefetch")) {
             if (!parse_count(v, 0, 64, &prefetch)) return fail("--prefetch '%s': expected 0..64 stages%s", v ? v : "", "");
-            tuned = true;
         } else if (!strcmp(o, "--split-target")) {
             if (!parse_count(v, 1, 64, &split_q)) return fail("--split-target '%s': expected 1..64%s", v ? v : "", "");
-            tuned = true;
         } else if (!strcmp(o, "--activations")) {
             if (v && (!strcmp(v, "bf16") || !strcmp(v, "f32"))) f32 = !strcmp(v, "f32");
             else return fail("--activations '%s': expected bf16 or f32%s", v ? v : "", "");
@@ -97,7 +94,6 @@ int keel_engine_bench_decode(int argc, char **argv) {
         i++;
     }
     if (!dir) return fail("no MODEL_DIR given%s%s", "", "");
-    (void)pdl, (void)prefetch, (void)split_q; /* read by the CUDA engine only */
 #ifdef KEEL_HAVE_CUDA
     if (backend < 0) backend = keel_cuda_device_count() > 0 ? KEEL_BACKEND_CUDA : KEEL_BACKEND_CPU;
 #else
@@ -105,7 +101,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
     backend = KEEL_BACKEND_CPU;
 #endif
     if (f32 && backend == KEEL_BACKEND_CPU) return fail("--activations f32 is a CUDA engine option%s%s", "", "");
-    if ((C || !graphs || tuned) && backend == KEEL_BACKEND_CPU)
+    if ((C || !graphs || pdl >= 0 || prefetch >= 0 || split_q >= 0) && backend == KEEL_BACKEND_CPU)
         return fail("--context, --graphs, --pdl, --prefetch and --split-target are CUDA engine options%s%s", "", "");
     if (C && C < P) return fail("--context must be at least --prompt-tokens%s%s", "", "");
     const int start = C ? C - P : 0;
@@ -143,6 +139,9 @@ int keel_engine_bench_decode(int argc, char **argv) {
     if (backend == KEEL_BACKEND_CUDA) {
         keel_cuda_device_name(dev, sizeof dev);
         read_gbs = keel_cuda_read_gbs();
+        if (pdl < 0) pdl = KEEL_CUDA_STREAM_PDL_DEFAULT;
+        if (prefetch < 0) prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT;
+        if (split_q < 0) split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
         keel_cuda_stream_pdl(pdl);
         keel_cuda_stream_prefetch(prefetch);
         keel_cuda_stream_split_target(split_q);

@@ -146,49 +146,12 @@ __global__ void rmsnorm_kernel(const float *x, int ldx, DVec w, int n, float eps
     if (PLANTED(KEEL_ECU_PLANT_PASTEND) && threadIdx.x == 0 && r == gridDim.x - 1 && yf) yf[r * ldy + n] = 0.0f;
 }
 
-/* Rows up to kNormThreads * kNormRegs keep their sums in registers between the residual add and the norm (one pass
- * over memory); the arithmetic and its order are the same either way. */
-constexpr int kNormRegs = 16;
-
 __global__ void add_rmsnorm_kernel(float *x, const float *a, const float *b, DVec bias, DVec w, int n, float eps,
                                    float *yf, uint16_t *yb) {
     __shared__ float buf[kNormThreads];
     kp_grid_release(); /* a stream tile after this may start its weight prefetch */
     const long long r = blockIdx.x;
     float *xr = x + r * n;
-    if (n <= kNormRegs * (int)blockDim.x) {
-        float v[kNormRegs];
-#pragma unroll
-        for (int j = 0; j < kNormRegs; j++) {
-            const int i = (int)threadIdx.x + j * (int)blockDim.x;
-            v[j] = 0.0f;
-            if (i < n) {
-                float t = a[r * n + i];
-                if (b) t = __fadd_rn(t, b[r * n + i]);
-                if (bias.n && !PLANTED(KEEL_ECU_PLANT_NOBIAS)) t = __fadd_rn(t, vget(bias, i));
-                v[j] = __fadd_rn(xr[i], t);
-                xr[i] = v[j];
-            }
-        }
-        if (!w.n) return;
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kNormRegs; j++)
-            if ((int)threadIdx.x + j * (int)blockDim.x < n) ss = __fadd_rn(ss, __fmul_rn(v[j], v[j]));
-        ss = block_sum(ss, buf);
-        const float inv = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
-        float *of = yf ? yf + r * n : nullptr;
-        uint16_t *ob = yb ? yb + r * n : nullptr;
-#pragma unroll
-        for (int j = 0; j < kNormRegs; j++) {
-            const int i = (int)threadIdx.x + j * (int)blockDim.x;
-            if (i >= n) continue;
-            const float o = __fmul_rn(__fmul_rn(v[j], inv), vget(w, i));
-            if (of) of[i] = o;
-            if (ob) ob[i] = kp_f32_to_bf16(o);
-        }
-        return;
-    }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float t = a[r * n + i];
         if (b) t = __fadd_rn(t, b[r * n + i]);

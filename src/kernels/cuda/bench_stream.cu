@@ -243,7 +243,8 @@ static void sweep(void *x, float *y, int best_cfg[2]) {
 
 extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     bool quick = false, do_sweep = false, table = true;
-    int tune_l2 = -1, tune_st = -1, prefetch = 0, pdl = 0, split_q = 4;
+    int tune_l2 = -1, tune_st = -1, prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, pdl = 0,
+        split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--quick")) {
             quick = true;

@@ -90,10 +90,13 @@ void keel_cuda_stream_diag(int mode);
  * starts its weight prefetch while the previous kernel on the stream still runs and waits for it before reading x. */
 bool keel_cuda_stream_prefetch(int chunk_stages);
 void keel_cuda_stream_pdl(int on);
+#define KEEL_CUDA_STREAM_PREFETCH_DEFAULT 0
+#define KEEL_CUDA_STREAM_PDL_DEFAULT 1
 /* The k-split's target (keel_cuda_stream_splits): split a shape whose row tiles give fewer than quarters / 4 blocks an
  * SM into that many blocks; 1..64 (default 4), false outside. It changes the slices' sums, so set it before any launch
  * whose bits must match another's (a captured graph, an exact window). */
 bool keel_cuda_stream_split_target(int quarters);
+#define KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT 4
 
 /* Changes whenever the tiles' scratch (k-split partials, arrival counters) is reallocated, which a launch does only
  * the first time it needs more: a CUDA graph captured before a change holds freed memory and must be captured again. */

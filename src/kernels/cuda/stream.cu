@@ -576,10 +576,9 @@ size_t g_part_cap = 0;
 unsigned *g_cnt = nullptr; /* arrival counters, zero between launches */
 size_t g_cnt_cap = 0;
 constexpr int kL2Block = 1; /* default: code copies ask L2 for whole 256-byte blocks */
-constexpr int kPrefetchStages = 0; /* default: no L2 prefetch chunks (measured slower: docs/stream-tiles.md) */
-constexpr int kSplitTarget = 4;    /* default k-split target: one block an SM for one item (in quarters), the measured best */
-int g_split_target = kSplitTarget;
-int g_l2_block = kL2Block, g_max_stages = kMaxStages, g_diag = 0, g_pf_stages = kPrefetchStages, g_pdl = 1;
+int g_l2_block = kL2Block, g_max_stages = kMaxStages, g_diag = 0;
+int g_pf_stages = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, g_pdl = KEEL_CUDA_STREAM_PDL_DEFAULT;
+int g_split_target = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
 int g_pdl_ok = -1; /* the device can launch programmatic dependents (sm_90+), once known */
 
 int sm_count(void) {
@@ -622,23 +621,20 @@ template <int B, bool XF16> void launch_t(const Params &P, unsigned blocks, cuda
         KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         g_pdl_ok = major >= 9;
     }
-    if (g_pdl && g_pdl_ok) { /* may start while the previous kernel runs: the tile waits for it before reading x */
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(blocks);
-        cfg.blockDim = dim3(kThreads);
-        cfg.dynamicSmemBytes = smem_bytes<B>();
-        cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        KEEL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, stream_tile<B, XF16>, P));
-        KEEL_CUDA_CHECK_LAUNCH();
-        return;
-    }
-#endif
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem_bytes<B>();
+    cfg.stream = st;
+    cudaLaunchAttribute at[1]; /* a programmatic dependent may start while the previous kernel runs (the tile waits) */
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = g_pdl && g_pdl_ok ? 1 : 0;
+    KEEL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, stream_tile<B, XF16>, P));
+#else
     stream_tile<B, XF16><<<blocks, kThreads, smem_bytes<B>(), st>>>(P);
+#endif
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
