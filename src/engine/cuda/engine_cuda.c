@@ -52,6 +52,7 @@ typedef struct region {
     const uint8_t *host;
     size_t size;
     uint8_t *dev;
+    size_t pad; /* bytes before the shard on the device, so that its data section starts 256-byte aligned */
 } region;
 
 struct keel_cuda_engine {
@@ -197,7 +198,12 @@ static keel_code add_regions(keel_cuda_engine *e, const keel_st *st, keel_err *e
         if (!st->shards[i].map || !st->shards[i].size) continue;
         if (e->n_reg == (int)(sizeof e->reg / sizeof e->reg[0]))
             return keel_err_set(err, KEEL_E_UNSUPPORTED, "model %s: more than %d shards", e->model->dir, e->n_reg);
-        e->reg[e->n_reg++] = (region){st->shards[i].map, st->shards[i].size, NULL};
+        /* the data section starts after the 8-byte length and the header: align it, so that tensors at 16-byte
+         * offsets in it get the stream tiles' 16-byte copies */
+        uint64_t hlen = 0;
+        for (int b = 0; b < 8 && st->shards[i].size >= 8; b++) hlen |= (uint64_t)st->shards[i].map[b] << (8 * b);
+        const size_t pad = (256u - (size_t)((8u + hlen) % 256u)) % 256u;
+        e->reg[e->n_reg++] = (region){st->shards[i].map, st->shards[i].size, NULL, pad};
     }
     return KEEL_OK;
 }
@@ -327,7 +333,7 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
         return rc;
     }
     size_t wbytes = 0;
-    for (int i = 0; i < e->n_reg; i++) wbytes += (e->reg[i].size + 255u) & ~(size_t)255u;
+    for (int i = 0; i < e->n_reg; i++) wbytes += (e->reg[i].pad + e->reg[i].size + 255u) & ~(size_t)255u;
     carve c = {NULL, 0};
     layout(e, &c);
     size_t free_b = 0, total_b = 0;
@@ -357,9 +363,9 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     e->graphs = true;
     size_t off = 0;
     for (int i = 0; i < e->n_reg; i++) {
-        e->reg[i].dev = (uint8_t *)e->weights + off;
+        e->reg[i].dev = (uint8_t *)e->weights + off + e->reg[i].pad;
         keel_ecu_upload(e->reg[i].dev, e->reg[i].host, e->reg[i].size, e->st);
-        off += (e->reg[i].size + 255u) & ~(size_t)255u;
+        off += (e->reg[i].pad + e->reg[i].size + 255u) & ~(size_t)255u;
     }
     c.base = e->arena;
     c.off = 0;

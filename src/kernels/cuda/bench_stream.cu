@@ -177,6 +177,19 @@ void row(const char *name, int bits, int group, int m, double us, double bytes, 
     fflush(stdout);
 }
 
+/* Whether `name` is one of the comma-separated names of `list`. */
+bool listed(const char *list, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *c = list; *c;) {
+        const char *e = strchr(c, ',');
+        const size_t len = e ? (size_t)(e - c) : strlen(c);
+        if (len == n && !strncmp(c, name, n)) return true;
+        if (!e) break;
+        c = e + 1;
+    }
+    return false;
+}
+
 } // namespace
 
 extern "C" const void *keel_cuda_bench_kernel_fn(const char *symbol) {
@@ -243,6 +256,8 @@ static void sweep(void *x, float *y, int best_cfg[2]) {
 
 extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     bool quick = false, do_sweep = false, table = true;
+    const char *only = NULL; /* comma-separated shape names (also "experts", "rows"); NULL: all */
+    unsigned bits_mask = 0;  /* bit b: width b only; 0: all */
     int tune_l2 = -1, tune_st = -1, prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, pdl = 0,
         split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
     for (int a = 1; a < argc; a++) {
@@ -256,13 +271,24 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
             a++;
         } else if (!strcmp(argv[a], "--split-target") && a + 1 < argc && sscanf(argv[a + 1], "%d", &split_q) == 1) {
             a++;
+        } else if (!strcmp(argv[a], "--shapes") && a + 1 < argc) {
+            only = argv[++a];
+        } else if (!strcmp(argv[a], "--bits") && a + 1 < argc) {
+            for (const char *c = argv[++a]; *c; c++) {
+                if (*c == ',') continue;
+                if (*c < '2' || *c > '8' || *c == '7' || (c[1] && c[1] != ',')) {
+                    fprintf(stderr, "keel bench stream: --bits '%s': expected a comma list of 2, 3, 4, 5, 6, 8\n", argv[a]);
+                    return 2;
+                }
+                bits_mask |= 1u << (*c - '0');
+            }
         } else if (!strcmp(argv[a], "--pdl")) {
             pdl = 1;
         } else if (!strcmp(argv[a], "--tune") && a + 1 < argc && sscanf(argv[a + 1], "%d,%d", &tune_l2, &tune_st) == 2) {
             a++;
         } else {
             fprintf(stderr, "keel bench stream: unknown option '%s' (expected --quick, --sweep, --sweep-only, "
-                            "--tune L2BLOCK,STAGES, --prefetch S, --pdl, --split-target Q)\n", argv[a]);
+                            "--tune L2BLOCK,STAGES, --prefetch S, --pdl, --split-target Q, --shapes A,B, --bits B,B)\n", argv[a]);
             return 2;
         }
     }
@@ -339,9 +365,12 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     int reps = quick ? 5 : 20;
 
     for (const Shape &s : shapes) {
-        if (quick && strcmp(s.name, "lm_head") && strcmp(s.name, "square16k") && strcmp(s.name, "q_proj")) continue;
+        if (only ? !listed(only, s.name)
+                 : quick && strcmp(s.name, "lm_head") && strcmp(s.name, "square16k") && strcmp(s.name, "q_proj"))
+            continue;
         double blas[2] = {cublas_us(s.n, s.k, 1, x, y), cublas_us(s.n, s.k, 8, x, y)};
         for (int bits : bits_list) {
+            if (bits_mask && !(bits_mask >> bits & 1u)) continue;
             std::vector<int> groups = {64};
             if (!strcmp(s.name, "square16k")) groups = {32, 64, 128};
             for (int group : groups) {
@@ -362,7 +391,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     }
 
     /* routed experts: 128 experts stacked, fc1 1856x2688 (relu^2) then fc2 2688x1856, 6 per token */
-    {
+    if (!only || listed(only, "experts")) {
         const int E = 128, inter = 1856, hid = 2688, topk = 6;
         void *h = keel_cuda_malloc((size_t)E * 8 * inter * 2);
         keel_cuda_route *items = (keel_cuda_route *)keel_cuda_malloc(E * sizeof(keel_cuda_route));
@@ -370,7 +399,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         std::vector<float> hw((size_t)E * 8, 0.1f);
         keel_cuda_upload(wts, hw.data(), hw.size() * sizeof(float));
         for (int bits : bits_list) {
-            if (quick && bits != 4) continue;
+            if (bits_mask ? !(bits_mask >> bits & 1u) : quick && bits != 4) continue;
             Packed up, down;
             up.make(inter, hid, bits, 64, E, 0);
             down.make(hid, inter, bits, 64, E, 0);
@@ -419,7 +448,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         keel_cuda_free(wts);
     }
     /* the prompt path: many rows in one launch (8-row groups as grid items) against cuBLAS bf16 */
-    {
+    if (!only || listed(only, "rows")) {
         const Shape rs[] = {{"in_proj", 10304, 2688}, {"square16k", 16384, 16384}};
         void *xr = keel_cuda_malloc((size_t)256 * 16384 * 2);
         fill(xr, (size_t)256 * 16384 * 2, 5u, 2);

@@ -115,6 +115,7 @@ struct Params {
     int diag;               /* benchmark diagnosis only: 1 skips the arithmetic, 2 the weight copies */
     int pfs;                /* stages per L2 prefetch chunk of each row (0: none); one chunk ahead of the ring */
     int fold;               /* the last block of a tile adds the partials (else stream_finish does) */
+    int fast;               /* the common launch: stream_loop's FAST variant */
     float *part;            /* splits > 1 or MODE_REDUCE: [split][item][8][n] fp32 partials */
     unsigned *cnt;          /* arrivals per (tile, item) (per tile in MODE_REDUCE); zero between launches */
 };
@@ -194,7 +195,7 @@ template <int B> struct Prod {
 /* Issues the asynchronous copies of stage s (codes, scales, biases of the warp's 16 rows) into `slot`, then
  * commits a group (also when there is nothing to copy, so that group counting stays uniform). A partial last
  * stage copies only its blocks; the blocks after them are never read with non-zero x. */
-template <int B>
+template <int B, bool FAST>
 __device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, int s, uint32_t *slot, int lane) {
     using G = Geo<B>;
     const int k0 = Q.ks + s * G::SK;
@@ -203,15 +204,15 @@ __device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, i
         const int w0 = (k0 >> 5) * B;
         /* vector i of lane l: row (32 i + l) / (WPR / 4) of the warp, words 4 u.. of its stage span */
         const uint32_t *wk = Q.wb + w0;
-        if (P.diag == 2) {
-        } else if (P.vec16) {
+        if (!FAST && P.diag == 2) {
+        } else if (FAST || P.vec16) {
 #pragma unroll
             for (int i = 0; i < G::VPL; i++) {
                 const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
                 if (4 * u >= nw) continue;
                 uint32_t *d = slot + rr * G::RS + 4 * u;
                 const uint32_t *src = wk + (min(Q.row0 + rr, Q.rlast) * Q.rw + 4 * u);
-                if (P.l2_block)
+                if (FAST || P.l2_block)
                     kp_cp_async16_l2(d, src);
                 else
                     kp_cp_async16(d, src);
@@ -229,14 +230,14 @@ __device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, i
         const int ngs = (nb * 32) >> Q.lg;
         const long long e0 = Q.e + (k0 >> Q.lg);
         uint32_t *dst = slot + G::CW + (lane >> 4) * (kRowsPerWarp * P.sw) + (lane & 15) * P.sw;
-        if (P.sdt == SDT_F32) {
+        if (!FAST && P.sdt == SDT_F32) {
 #pragma unroll
             for (int i = 0; i < G::SWMAX; i++)
                 if (i < ngs) kp_cp_async4(dst + i, (const float *)Q.base + e0 + i);
-        } else if (P.sb4) {
+        } else if (FAST || P.sb4) {
             const long long wf = e0 >> 1, wl = (e0 + ngs - 1) >> 1;
 #pragma unroll
-            for (int i = 0; i < G::SWMAX; i++) {
+            for (int i = 0; i < (FAST ? G::NBC / 2 + 1 : G::SWMAX); i++) {
                 const long long wi = wf + i;
                 if (wi <= wl) {
                     if (2 * wi + 1 < Q.e_end)
@@ -329,7 +330,12 @@ template <bool XF16> __device__ __forceinline__ void stage_xsum(const Params &P,
     }
 }
 
-__device__ __forceinline__ float load_sb(const uint32_t *sb, int idx, int sdt) {
+/* FAST: 16-bit scales only, so one select instead of the three-way dtype switch. */
+template <bool FAST> __device__ __forceinline__ float load_sb(const uint32_t *sb, int idx, int sdt) {
+    if (FAST) {
+        const uint16_t h = ((const uint16_t *)sb)[idx];
+        return sdt == SDT_BF16 ? kp_bf16_to_f32(h) : kp_f16_to_f32(h);
+    }
     if (sdt == SDT_F32) return __uint_as_float(sb[idx]);
     const uint16_t h = ((const uint16_t *)sb)[idx];
     return sdt == SDT_BF16 ? kp_bf16_to_f32(h) : kp_f16_to_f32(h);
@@ -354,9 +360,15 @@ __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *r
             uint32_t pa[4], pb[4];
             {
                 unsigned long long va, vb;
-                if constexpr (B == 2 || B == 4) {
+                if constexpr (B == 4) { /* thread t's codes are word t of the block: no shift */
+                    va = ra[jb * B];
+                    vb = rb[jb * B];
+                } else if constexpr (B == 2) {
                     va = ra[jb * B] >> tsh;
                     vb = rb[jb * B] >> tsh;
+                } else if constexpr (B == 8) { /* words 2t, 2t + 1 of the block */
+                    va = (unsigned long long)ra[jb * B + 1] << 32 | ra[jb * B];
+                    vb = (unsigned long long)rb[jb * B + 1] << 32 | rb[jb * B];
                 } else {
                     va = ((unsigned long long)ra[jb * B + 1] << 32 | ra[jb * B]) >> tsh;
                     vb = ((unsigned long long)rb[jb * B + 1] << 32 | rb[jb * B]) >> tsh;
@@ -384,27 +396,125 @@ __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *r
  * order with their routing weights), applies the epilogue and stores. Outputs outside an item's mask stay untouched.
  * The tile's last block and stream_finish both end here, so either gives the same bits. */
 __device__ __forceinline__ void finish_out(const Params &P, int o, int r, int row) {
+    constexpr int kBatch = 8; /* partials loaded together, then added in order: one L2 round trip per batch */
     const long long per = (long long)kMaxRows * P.n, at = (long long)r * P.n + row;
     float v;
     if (P.mode == MODE_REDUCE) {
-        float tot = 0.f;
-        for (int it = 0; it < P.n_items; it++) {
-            if (!((route_of(P, it).mask >> r) & 1u)) continue;
-            float acc = 0.f;
-            for (int s = 0; s < P.splits; s++)
-                acc = __fadd_rn(acc, kp_ldcg_f32(P.part + ((long long)s * P.n_items + it) * per + at));
-            tot = __fmaf_rn(P.rw[it * kMaxRows + r], acc, tot);
+        float tot = 0.f, acc = 0.f;
+        int it0 = 0, s0 = 0; /* (item, slice) of the batch's first partial */
+        for (int b0 = 0; b0 < P.n_items * P.splits; b0 += kBatch) {
+            float pv[kBatch], wv[kBatch];
+            uint32_t mv[kBatch];
+#pragma unroll
+            for (int j = 0, it = it0, s = s0; j < kBatch; j++) {
+                const bool live = it < P.n_items;
+                pv[j] = live ? kp_ldcg_f32(P.part + ((long long)s * P.n_items + it) * per + at) : 0.f;
+                const bool end = live && s == P.splits - 1;
+                mv[j] = end ? route_of(P, it).mask : 0u;
+                wv[j] = end ? P.rw[it * kMaxRows + r] : 0.f;
+                if (++s == P.splits) s = 0, it++;
+            }
+#pragma unroll
+            for (int j = 0; j < kBatch; j++) {
+                if (it0 >= P.n_items) break;
+                acc = __fadd_rn(s0 == 0 ? 0.f : acc, pv[j]);
+                if (s0 == P.splits - 1 && ((mv[j] >> r) & 1u)) tot = __fmaf_rn(wv[j], acc, tot);
+                if (++s0 == P.splits) s0 = 0, it0++;
+            }
         }
         v = tot;
     } else {
         if (!((route_of(P, o).mask >> r) & 1u)) return;
         float acc = 0.f;
-        for (int s = 0; s < P.splits; s++)
-            acc = __fadd_rn(acc, kp_ldcg_f32(P.part + ((long long)s * P.n_items + o) * per + at));
+        for (int s0 = 0; s0 < P.splits; s0 += kBatch) {
+            float pv[kBatch];
+#pragma unroll
+            for (int j = 0; j < kBatch; j++)
+                pv[j] = s0 + j < P.splits ? kp_ldcg_f32(P.part + ((long long)(s0 + j) * P.n_items + o) * per + at) : 0.f;
+#pragma unroll
+            for (int j = 0; j < kBatch; j++)
+                if (s0 + j < P.splits) acc = __fadd_rn(acc, pv[j]);
+        }
         v = acc;
     }
     v = P.epi == KEEL_EPI_RELU2 ? relu2(v) : v;
     KEEL_PLANT_STORE(P.y, (long long)o * P.y_item + at, v, P.ydt_bf16, P.last);
+}
+
+/* The warp's walk over its slice: the ring's first stages, the wait for the previous kernel, then per stage the
+ * x-chunk (block-wide), the next stage's copies, the (scale, bias) table and the stage body. FAST is the common
+ * launch (16-byte code copies, 4-byte aligned 16-bit scales, a ring of two or more slots, no diagnosis or prefetch)
+ * with those choices made at compile time; the copies and the arithmetic are the same either way. */
+template <int B, bool XF16, bool FAST>
+__device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, const uint16_t *__restrict__ x,
+                                            uint32_t mask, uint4 *xf, float *xs, float2 *sbf, uint32_t *ring,
+                                            int lane, int lg, int lbpg, int nstage, float acc[4]) {
+    using G = Geo<B>;
+    const int g = lane >> 2, t = lane & 3, nst = P.nst, stride = P.stride;
+    const int tw = (t * B) >> 2, tsh = ((t * B) & 3) * 8;
+    const bool xlive = g < P.m, xs0ok = 2 * t < P.m, xs1ok = 2 * t + 1 < P.m;
+
+    if (!FAST && P.pfs) {
+        prefetch_chunk<B>(P, Q, 0, lane);
+        prefetch_chunk<B>(P, Q, 1, lane);
+    }
+    for (int s = 0; s < nst - 1; s++) issue_stage<B, FAST>(P, Q, s, ring + s * stride, lane);
+    kp_grid_wait(); /* weights only so far: x, the partials and the counters belong to the previous kernel until now */
+
+    int kc = 0, slot_i = 0, nblk = 0; /* position in the x-chunk; ring slot of stage s; the chunk's blocks */
+    for (int s = 0; s < nstage; s++) {
+        const int k0 = Q.ks + s * G::SK;
+        if (!FAST && P.pfs && s > 0 && s % P.pfs == 0) prefetch_chunk<B>(P, Q, s / P.pfs + 1, lane);
+        if (kc == 0) { /* a new x-chunk: every warp is done with the last one */
+            __syncthreads();
+            const int len = min(P.xk, Q.ke - k0), lenp = (len + G::SK - 1) / G::SK * G::SK;
+            nblk = lenp >> 5;
+            stage_x(P, x, mask, k0, len, lenp, xf);
+            __syncthreads();
+            stage_xsum<XF16>(P, lenp, xf, xs);
+            __syncthreads();
+        }
+        /* stage s + nst - 1 goes into the slot stage s - 1 used; a ring of one slot (F32 scales, group 32, wide
+         * codes) copies stage s itself, then waits for it */
+        if (FAST || nst > 1) kp_cp_wait_dyn(nst - 2);
+        kp_syncwarp(); /* stage s has landed for every lane (nst > 1); every lane is done with stage s - 1 */
+        const int next = slot_i + nst - 1 < nst ? slot_i + nst - 1 : slot_i - 1;
+        issue_stage<B, FAST>(P, Q, s + nst - 1, ring + next * stride, lane);
+        if (!FAST && nst == 1) {
+            kp_cp_wait<0>();
+            kp_syncwarp();
+        }
+
+        const uint32_t *slot = ring + slot_i * stride;
+        { /* the stage's scales and biases to fp32 (scale, bias) pairs; groups past the slice end get zeros */
+            const int rr = lane & 15, which = lane >> 4;
+            const int ngs = (min(G::NBC, (Q.ke - k0) >> 5) * 32) >> lg;
+            const long long e0 = Q.e + (k0 >> lg);
+            const uint32_t *raw = slot + G::CW + which * (kRowsPerWarp * P.sw) + rr * P.sw;
+            const int so = !FAST && P.sdt == SDT_F32 ? 0 : (int)(e0 & 1);
+            float *dst = (float *)(sbf + rr * G::SBR) + which;
+#pragma unroll
+            for (int gs = 0; gs < G::NBC; gs++) dst[2 * gs] = gs < ngs ? load_sb<FAST>(raw, so + gs, P.sdt) : 0.f;
+        }
+        kp_syncwarp();
+        if (FAST || P.diag != 1) {
+            const int ngc = nblk * 32 >> lg; /* groups in this x-chunk */
+            const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
+            const uint4 *xfb = xf + (g * nblk + (kc >> 5)) * 4 + t;
+            const float *xsa = xs + 2 * t * ngc + (kc >> lg), *xsb = xsa + ngc;
+            const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
+            if (lbpg == 0)
+                stage_body<B, XF16, 1>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
+            else if (lbpg == 1)
+                stage_body<B, XF16, 2>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
+            else
+                stage_body<B, XF16, 4>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
+        }
+        kc += G::SK;
+        if (kc == P.xk) kc = 0;
+        slot_i = slot_i == nst - 1 ? 0 : slot_i + 1;
+    }
+    kp_cp_wait<0>();
 }
 
 template <int B, bool XF16>
@@ -444,73 +554,13 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
         Q.lg = lg;
     }
     const uint16_t *x = P.x + (long long)it * P.x_item;
-    const int nstage = (Q.ke - Q.ks + G::SK - 1) / G::SK, nst = P.nst, stride = P.stride;
-
-    const int tw = (t * B) >> 2, tsh = ((t * B) & 3) * 8;
-    const bool xlive = g < P.m, xs0ok = 2 * t < P.m, xs1ok = 2 * t + 1 < P.m;
-
-    if (P.pfs) {
-        prefetch_chunk<B>(P, Q, 0, lane);
-        prefetch_chunk<B>(P, Q, 1, lane);
-    }
-    for (int s = 0; s < nst - 1; s++) issue_stage<B>(P, Q, s, ring + s * stride, lane);
-    kp_grid_wait(); /* weights only so far: x, the partials and the counters belong to the previous kernel until now */
+    const int nstage = (Q.ke - Q.ks + G::SK - 1) / G::SK;
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    int kc = 0, slot_i = 0, nblk = 0; /* position in the x-chunk; ring slot of stage s; the chunk's blocks */
-    for (int s = 0; s < nstage; s++) {
-        const int k0 = Q.ks + s * G::SK;
-        if (P.pfs && s > 0 && s % P.pfs == 0) prefetch_chunk<B>(P, Q, s / P.pfs + 1, lane);
-        if (kc == 0) { /* a new x-chunk: every warp is done with the last one */
-            __syncthreads();
-            const int len = min(P.xk, Q.ke - k0), lenp = (len + G::SK - 1) / G::SK * G::SK;
-            nblk = lenp >> 5;
-            stage_x(P, x, item.mask, k0, len, lenp, xf);
-            __syncthreads();
-            stage_xsum<XF16>(P, lenp, xf, xs);
-            __syncthreads();
-        }
-        /* stage s + nst - 1 goes into the slot stage s - 1 used; a ring of one slot (F32 scales, group 32, wide
-         * codes) copies stage s itself, then waits for it */
-        if (nst > 1) kp_cp_wait_dyn(nst - 2);
-        kp_syncwarp(); /* stage s has landed for every lane (nst > 1); every lane is done with stage s - 1 */
-        const int next = slot_i + nst - 1 < nst ? slot_i + nst - 1 : slot_i - 1;
-        issue_stage<B>(P, Q, s + nst - 1, ring + next * stride, lane);
-        if (nst == 1) {
-            kp_cp_wait<0>();
-            kp_syncwarp();
-        }
-
-        const uint32_t *slot = ring + slot_i * stride;
-        { /* the stage's scales and biases to fp32 (scale, bias) pairs; groups past the slice end get zeros */
-            const int rr = lane & 15, which = lane >> 4;
-            const int ngs = (min(G::NBC, (Q.ke - k0) >> 5) * 32) >> lg;
-            const long long e0 = Q.e + (k0 >> lg);
-            const uint32_t *raw = slot + G::CW + which * (kRowsPerWarp * P.sw) + rr * P.sw;
-            const int so = P.sdt == SDT_F32 ? 0 : (int)(e0 & 1);
-            float *dst = (float *)(sbf + rr * G::SBR) + which;
-#pragma unroll
-            for (int gs = 0; gs < G::NBC; gs++) dst[2 * gs] = gs < ngs ? load_sb(raw, so + gs, P.sdt) : 0.f;
-        }
-        kp_syncwarp();
-        if (P.diag != 1) {
-            const int ngc = nblk * 32 >> lg; /* groups in this x-chunk */
-            const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
-            const uint4 *xfb = xf + (g * nblk + (kc >> 5)) * 4 + t;
-            const float *xsa = xs + 2 * t * ngc + (kc >> lg), *xsb = xsa + ngc;
-            const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
-            if (lbpg == 0)
-                stage_body<B, XF16, 1>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
-            else if (lbpg == 1)
-                stage_body<B, XF16, 2>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
-            else
-                stage_body<B, XF16, 4>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
-        }
-        kc += G::SK;
-        if (kc == P.xk) kc = 0;
-        slot_i = slot_i == nst - 1 ? 0 : slot_i + 1;
-    }
-    kp_cp_wait<0>();
+    if (P.fast)
+        stream_loop<B, XF16, true>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, lg, lbpg, nstage, acc);
+    else
+        stream_loop<B, XF16, false>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, lg, lbpg, nstage, acc);
 
     KEEL_PLANT_ROWS(acc, P.ydt_bf16);
     const bool to_part = P.splits > 1 || P.mode == MODE_REDUCE;
@@ -709,6 +759,7 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
     P.l2_block = g_l2_block;
     P.diag = g_diag;
     P.pfs = g_pf_stages == 0 ? 0 : g_pf_stages > P.nst ? g_pf_stages : P.nst; /* a chunk covers the ring's reach */
+    P.fast = P.vec16 && P.sb4 && P.sdt != SDT_F32 && P.l2_block && !P.diag && !P.pfs && P.nst > 1;
     const bool partials = P.splits > 1 || P.mode == MODE_REDUCE;
     P.fold = P.mode == MODE_STORE || (long long)n_items * P.splits <= kFoldMax;
     if (partials) {
