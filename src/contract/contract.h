@@ -192,6 +192,11 @@ void keel_contract_run_routed(const keel_contract_table *t, const keel_contract_
 
 /* Gate 3: roundings (units of 2^-24 of the summed magnitudes) a term of a tensor-core stream tile passes. */
 int keel_contract_mma_roundings(int group, int k, int splits);
+/* The launch-width hint (keel_cuda_qw.items) the contract gives routed stacks: above one, so the hint's k-split is
+ * the one checked, small enough that the registrations' k-split shapes still split. */
+#define KEEL_CONTRACT_ROUTED_ITEMS 2
+/* The hint of a registration's matrix: KEEL_CONTRACT_ROUTED_ITEMS for routed stacks, else 1. */
+#define KEEL_CONTRACT_ITEMS_OF(reg) ((reg)->experts > 1 ? KEEL_CONTRACT_ROUTED_ITEMS : 1)
 
 /* Runs gates 1..max_gate on reg, launching `launch` (reg->launch, or a twin); stops at the first red gate. */
 void keel_contract_run(const keel_contract_table *t, const keel_contract_reg *reg, keel_contract_launch_fn launch,

@@ -62,7 +62,8 @@ static keel_cuda_qw qw_of(const keel_contract_reg *reg, const keel_contract_args
     return (keel_cuda_qw){.w = a->W.w, .scales = a->W.scales, .biases = a->W.biases, .n = n, .k = a->W.k,
                           .bits = a->W.bits, .group = a->W.group, .sdt = a->W.sdt,
                           .expert_words = E > 1 ? (int64_t)n * (int64_t)keel_quant_row_words(a->W.k, a->W.bits) : 0,
-                          .expert_groups = E > 1 ? (int64_t)n * (a->W.k / a->W.group) : 0};
+                          .expert_groups = E > 1 ? (int64_t)n * (a->W.k / a->W.group) : 0,
+                          .items = KEEL_CONTRACT_ITEMS_OF(reg)};
 }
 
 static void launch_stream(const keel_contract_reg *reg, const keel_contract_args *a) {
@@ -122,7 +123,7 @@ static void twin_rowleak(const keel_contract_reg *r, const keel_contract_args *a
 static bool tile_available(const keel_contract_reg *reg, char *why, size_t cap) {
     if (!keel_contract_cuda_probe(reg->bits, reg->xdt == KEEL_DT_F16, why, cap)) return false;
     const keel_contract_shape *s = &reg->shapes[reg->n_shapes - 1];
-    if (keel_cuda_stream_splits(s->n, s->k, 1) < 2) {
+    if (keel_cuda_stream_splits(s->n, s->k, KEEL_CONTRACT_ITEMS_OF(reg)) < 2) {
         snprintf(why, cap, "its k-split shape n=%d k=%d does not split on this device", s->n, s->k);
         return false;
     }

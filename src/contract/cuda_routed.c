@@ -131,9 +131,9 @@ static rcase sub_tokens(const rcase *c, int r0, int m, int *item_of) {
 
 static double out_unit(keel_dtype dt) { return dt == KEEL_DT_BF16 ? 0x1p-8 : 0.0; }
 
-/* The k-split of this launch (the item count is part of the choice). */
+/* The k-split of this launch: the stack's launch-width hint decides it, never the item list. */
 static int splits_of(const keel_contract_reg *reg, const rcase *c) {
-    return reg->splits ? reg->splits(c->n, c->k, c->n_items) : 1;
+    return reg->splits ? reg->splits(c->n, c->k, KEEL_CONTRACT_ITEMS_OF(reg)) : 1;
 }
 
 /* x_i[t] . W[expert]^T row j in float64, and its gate-3 bound before any epilogue. */
@@ -483,12 +483,13 @@ static bool replaced(const keel_contract_table *t, const keel_contract_reg *reg,
 }
 
 /* Whether a launch of this shape and its replaced sequence add in the same order: the same k-split on both
- * sides (the routed split sees the item count, the plain tile's does not; fc2 adds each item's slices in order,
- * then the items in list order, as the sequence does). */
+ * sides (the routed split follows the stack's launch-width hint, the plain tile's the hint of one; fc2 adds each
+ * item's slices in order, then the items in list order, as the sequence does). */
 static bool same_order_at(const keel_contract_reg *reg, int n, int k, int n_items) {
     if (reg->epi == KEEL_EPI_RELU2 && reg->ydt != KEEL_DT_F32) return false; /* the sequence rounds y, then squares */
+    (void)n_items;
     if (!reg->splits) return true;
-    return reg->splits(n, k, n_items) == reg->splits(n, k, 1);
+    return reg->splits(n, k, KEEL_CONTRACT_ITEMS_OF(reg)) == reg->splits(n, k, 1);
 }
 
 static void gate4_fused(const keel_contract_table *t, const keel_contract_reg *reg, keel_contract_launch_fn launch,

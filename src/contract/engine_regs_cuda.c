@@ -613,7 +613,7 @@ static void launch_with(const ekernel *K, const ecase *c) {
     for (int i = 0; i < c->nb; i++) p[i] = dptr(&c->b[i]);
     switch (c->kind) {
     case K_EMBED: {
-        keel_cuda_qw t = {p[0], p[1], p[2], n, k, 6, 64, KEEL_DT_BF16, 0, 0};
+        keel_cuda_qw t = {p[0], p[1], p[2], n, k, 6, 64, KEEL_DT_BF16, 0, 0, 0};
         K->embed(&t, p[3], m, p[4], NULL);
         break;
     }
@@ -634,12 +634,12 @@ static void launch_with(const ekernel *K, const ecase *c) {
         break;
     }
     case K_MATVEC_F: {
-        keel_cuda_qw W = {p[0], NULL, NULL, n, k, 0, 0, KEEL_DT_BF16, 0, 0};
+        keel_cuda_qw W = {p[0], NULL, NULL, n, k, 0, 0, KEEL_DT_BF16, 0, 0, 0};
         K->matvec(&W, p[1], KEEL_DT_F32, m, p[2], KEEL_DT_F32, KEEL_EPI_NONE, NULL);
         break;
     }
     case K_MATVEC_Q: {
-        keel_cuda_qw W = {p[0], p[1], p[2], n, k, 4, 64, KEEL_DT_BF16, 0, 0};
+        keel_cuda_qw W = {p[0], p[1], p[2], n, k, 4, 64, KEEL_DT_BF16, 0, 0, 0};
         K->matvec(&W, p[3], KEEL_DT_F32, m, p[4], KEEL_DT_F32, KEEL_EPI_NONE, NULL);
         break;
     }
@@ -669,7 +669,7 @@ static void launch_with(const ekernel *K, const ecase *c) {
     case K_ROUTED_UP:
     case K_ROUTED_DOWN: {
         const bool down = c->kind == K_ROUTED_DOWN;
-        keel_cuda_qw W = {p[0], p[1], p[2], n, k, 4, 64, KEEL_DT_BF16, (int64_t)n * k / 8, (int64_t)n * k / 64};
+        keel_cuda_qw W = {p[0], p[1], p[2], n, k, 4, 64, KEEL_DT_BF16, (int64_t)n * k / 8, (int64_t)n * k / 64, 0};
         K->matvec_routed(&W, p[3], down, m, p[4], X_K, p[5], down ? KEEL_EPI_NONE : KEEL_EPI_RELU2, NULL);
         break;
     }

@@ -164,7 +164,7 @@ static void reference(const keel_contract_reg *reg, const hcase *h, double *ref,
                     A += fabs(x) * (fabs(sq) + fabs(b));
                 }
                 L = reg->arith == KEEL_CA_MMA
-                        ? keel_contract_mma_roundings(reg->group, k, reg->splits ? reg->splits(n, k, 1) : 1)
+                        ? keel_contract_mma_roundings(reg->group, k, reg->splits ? reg->splits(n, k, KEEL_CONTRACT_ITEMS_OF(reg)) : 1)
                         : reg->group / 8 + ng + 4;
             }
             double e = 1.01 * L * U32 * A + 1e-30;

@@ -168,7 +168,7 @@ static keel_ecu_vec dvec(const keel_cuda_engine *e, const keel_vec *v) {
 }
 
 static keel_cuda_qw dmat(const keel_cuda_engine *e, const keel_qmat *m) {
-    keel_cuda_qw q = {tr(e, m->w), tr(e, m->scales), tr(e, m->biases), m->n, m->k, m->bits, m->group, m->sdt, 0, 0};
+    keel_cuda_qw q = {tr(e, m->w), tr(e, m->scales), tr(e, m->biases), m->n, m->k, m->bits, m->group, m->sdt, 0, 0, 0};
     return q;
 }
 
@@ -176,6 +176,7 @@ static keel_cuda_qw dstack(const keel_cuda_engine *e, const keel_qstack *s) {
     keel_cuda_qw q = dmat(e, &s->m);
     q.expert_words = (int64_t)(s->w_stride / sizeof(uint32_t));
     q.expert_groups = (int64_t)(s->s_stride / keel_dtype_size(s->m.sdt));
+    q.items = KEEL_MAX(e->cfg->top_k, 1); /* a routed launch brings at least one token's top-k experts */
     return q;
 }
 

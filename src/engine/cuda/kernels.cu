@@ -146,12 +146,56 @@ __global__ void rmsnorm_kernel(const float *x, int ldx, DVec w, int n, float eps
     if (PLANTED(KEEL_ECU_PLANT_PASTEND) && threadIdx.x == 0 && r == gridDim.x - 1 && yf) yf[r * ldy + n] = 0.0f;
 }
 
-__global__ void add_rmsnorm_kernel(float *x, const float *a, const float *b, DVec bias, DVec w, int n, float eps,
-                                   float *yf, uint16_t *yb) {
+constexpr int kNormRegs = 16; /* a row of up to kNormRegs * kNormThreads elements is held in registers */
+
+__global__ void add_rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ a, const float *__restrict__ b,
+                                   DVec bias, DVec w, int n, float eps, float *__restrict__ yf,
+                                   uint16_t *__restrict__ yb) {
     __shared__ float buf[kNormThreads];
     kp_grid_release(); /* a stream tile after this may start its weight prefetch */
     const long long r = blockIdx.x;
     float *xr = x + r * n;
+    if (n <= kNormRegs * kNormThreads && blockDim.x == kNormThreads) {
+        /* every load of the row first (one round trip, not one per element), then the same sums in the same order
+         * as the loop below */
+        float v[kNormRegs], wv[kNormRegs];
+#pragma unroll
+        for (int j = 0; j < kNormRegs; j++) {
+            const int i = threadIdx.x + j * kNormThreads;
+            v[j] = wv[j] = 0.0f;
+            if (i < n) {
+                float t = a[r * n + i];
+                if (b) t = __fadd_rn(t, b[r * n + i]);
+                if (bias.n && !PLANTED(KEEL_ECU_PLANT_NOBIAS)) t = __fadd_rn(t, vget(bias, i));
+                v[j] = __fadd_rn(xr[i], t);
+                if (w.n) wv[j] = vget(w, i);
+            }
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kNormRegs; j++) {
+            const int i = threadIdx.x + j * kNormThreads;
+            if (i < n) {
+                xr[i] = v[j];
+                ss = __fadd_rn(ss, __fmul_rn(v[j], v[j]));
+            }
+        }
+        if (!w.n) return;
+        ss = block_sum(ss, buf);
+        const float inv = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
+        float *of = yf ? yf + r * n : nullptr;
+        uint16_t *ob = yb ? yb + r * n : nullptr;
+#pragma unroll
+        for (int j = 0; j < kNormRegs; j++) {
+            const int i = threadIdx.x + j * kNormThreads;
+            if (i < n) {
+                const float t = __fmul_rn(__fmul_rn(v[j], inv), wv[j]);
+                if (of) of[i] = t;
+                if (ob) ob[i] = kp_f32_to_bf16(t);
+            }
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float t = a[r * n + i];
         if (b) t = __fadd_rn(t, b[r * n + i]);
@@ -512,15 +556,26 @@ __global__ void union_kernel(const int *sel, const float *w, int m, int K, int E
 
 constexpr int kArgThreads = 1024;
 
-__global__ void argmax_kernel(const float *v, int n, int *out) {
+__global__ void argmax_kernel(const float *__restrict__ v, int n, int *out) {
+    constexpr int kBatch = 16; /* loads in flight a thread; each thread still walks its indices in ascending order */
     __shared__ float bv[kArgThreads];
     __shared__ int bi[kArgThreads];
     float best = 0.0f;
     int id = -1;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float x = v[i];
-        if (x != x) continue; /* NaN never wins */
-        if (id < 0 || x > best || (PLANTED(KEEL_ECU_PLANT_TIES) && x == best)) { best = x; id = i; }
+    for (int base = threadIdx.x; base < n; base += blockDim.x * kBatch) {
+        float xv[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; j++) {
+            const int i = base + j * (int)blockDim.x;
+            xv[j] = i < n ? v[i] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; j++) {
+            const int i = base + j * (int)blockDim.x;
+            const float x = xv[j];
+            if (i >= n || x != x) continue; /* NaN never wins */
+            if (id < 0 || x > best || (PLANTED(KEEL_ECU_PLANT_TIES) && x == best)) { best = x; id = i; }
+        }
     }
     bv[threadIdx.x] = best;
     bi[threadIdx.x] = id;

@@ -403,6 +403,8 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
             Packed up, down;
             up.make(inter, hid, bits, 64, E, 0);
             down.make(hid, inter, bits, 64, E, 0);
+            for (auto &q : up.w) q.items = topk; /* the stacks' launch-width hint, as the engine gives them */
+            for (auto &q : down.w) q.items = topk;
             for (int m : ms) {
                 /* token r picks experts (r * 37 + j * 11) % E: distinct per token, overlapping across tokens */
                 std::vector<uint32_t> mask(E, 0);
@@ -427,6 +429,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
                 double us_sep = median_us(reps, [&](int i) {
                     for (int j = 0; j < ni; j++) {
                         keel_cuda_qw one = up.w[i % cu];
+                        one.items = 0; /* one matrix */
                         one.w += (size_t)it[j].expert * one.expert_words;
                         one.scales = (const uint16_t *)one.scales + (size_t)it[j].expert * one.expert_groups;
                         one.biases = (const uint16_t *)one.biases + (size_t)it[j].expert * one.expert_groups;
@@ -473,8 +476,8 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     }
     printf("k-split per shape:");
     for (const Shape &s : shapes) printf(" %s %d", s.name, keel_cuda_stream_splits(s.n, s.k, 1));
-    printf(" experts_fc1 %d experts_fc2 %d\n", keel_cuda_stream_splits(1856, 2688, 1),
-           keel_cuda_stream_splits(2688, 1856, 1));
+    printf(" experts_fc1 %d experts_fc2 %d (stacks of top-6 launches)\n", keel_cuda_stream_splits(1856, 2688, 6),
+           keel_cuda_stream_splits(2688, 1856, 6));
     print_occupancy();
     keel_cuda_free(x);
     keel_cuda_free(y);

@@ -46,6 +46,8 @@ typedef struct keel_cuda_qw {
     keel_dtype sdt;         /* BF16, F16 or F32 */
     int64_t expert_words;   /* words between experts' codes (0 for a single matrix) */
     int64_t expert_groups;  /* scale elements between experts */
+    int items;              /* items a routed launch of this stack brings (the router's top-k), which its k-split is
+                             * chosen for; 0 or 1: one. A property of the matrix, never of one launch's item list. */
 } keel_cuda_qw;
 
 /* One routed item: an expert and the tokens (bits of rows 0..m-1) that selected it. */
@@ -73,9 +75,10 @@ void keel_cuda_stream_experts_down(const keel_cuda_qw *W2, const void *h, keel_d
  * in groups of 8 (grid items), and every row's bits equal its 1-row keel_cuda_stream_matmul. */
 void keel_cuda_stream_matmul_rows(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y,
                                   keel_dtype ydt, keel_epilogue epi, void *stream);
-/* The k-split a launch of this shape uses (1 = none). It depends on n, k and the device's SM count only: never on
- * m nor on n_items (kept for callers; ignored), so a routed launch rounds every item as a launch of one would. */
-int keel_cuda_stream_splits(int n, int k, int n_items);
+/* The k-split a launch of a matrix of this shape uses (1 = none), for `items` its keel_cuda_qw.items (0 or 1: a
+ * plain matrix). It depends on n, k, that hint and the device's SM count only: never on m nor on the item list of
+ * a launch, so a routed launch over a window's union of experts rounds every item as a launch of one token's would. */
+int keel_cuda_stream_splits(int n, int k, int items);
 /* Benchmark knobs of the stream tiles (scheduling only, never the arithmetic): whether the weight copies ask L2 for
  * whole 256-byte blocks (0 or 1), and the cap on the shared-memory ring's depth (2..8); (-1, -1) restores the
  * defaults, the measured best (docs/stream-tiles.md). False, and nothing changed, when out of range. */

@@ -749,7 +749,7 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
     P.sb4 = (((uintptr_t)W->scales | (uintptr_t)W->biases) & 3u) == 0;
     P.n_items = n_items;
     P.tiles = (W->n + kRowsPerBlock - 1) / kRowsPerBlock;
-    P.splits = keel_cuda_stream_splits(W->n, W->k, n_items);
+    P.splits = keel_cuda_stream_splits(W->n, W->k, W->items);
     P.xk = kXBytes / 2 / P.m / kChunkUnit * kChunkUnit; /* x-chunk codes; never changes the arithmetic */
     const GeoRt geo = geo_of(W->bits);
     P.sw = P.sdt == SDT_F32 ? geo.sk / W->group : geo.sk / (2 * W->group) + 1;
@@ -787,11 +787,12 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
 extern "C" unsigned keel_cuda_stream_scratch_epoch(void) { return g_epoch; }
 #endif
 
-extern "C" int keel_cuda_stream_splits(int n, int k, int n_items) {
-    (void)n_items; /* never the item count: a routed launch rounds each item as a launch of one would */
-    /* Split k only when the row tiles cannot give the SMs g_split_target / 4 blocks each; then that many blocks for
-     * each item (a routed launch brings several), slices of at least two 128-code quads. */
-    const long long tiles = (n + kRowsPerBlock - 1) / kRowsPerBlock, sms = sm_count(), q = g_split_target;
+extern "C" int keel_cuda_stream_splits(int n, int k, int items) {
+    /* Split k only when the row tiles of the `items` matrices a launch brings (the stack's hint, never the launch's
+     * list) cannot give the SMs g_split_target / 4 blocks each; then that many blocks, slices of at least two
+     * 128-code quads. */
+    const long long tiles = (long long)(n + kRowsPerBlock - 1) / kRowsPerBlock * (items > 1 ? items : 1),
+                    sms = sm_count(), q = g_split_target;
     if (4 * tiles >= q * sms) return 1;
     long long want = (q * sms + 4 * tiles - 1) / (4 * tiles);
     const long long nq = (k + kQuad - 1) / kQuad, most = k / (2 * kQuad) > 1 ? k / (2 * kQuad) : 1;
