@@ -13,9 +13,10 @@ prof() { # prof NAME SHAPES SKIP
   echo "ncu $1 rc=$?"
   ncu -i "/tmp/$1.ncu-rep" --page details >"$OUT/ncu_$1.txt" 2>&1
   ncu -i "/tmp/$1.ncu-rep" --page source --csv --print-source sass 2>/dev/null | python3 "$(dirname "$0")/srcprof.py" >"$OUT/src_$1.txt" 2>&1
+  # with a -lineinfo build: the CUDA source lines with the most stall samples
+  ncu -i "/tmp/$1.ncu-rep" --page source --csv --print-source cuda 2>/dev/null | python3 "$(dirname "$0")/srcprof.py" >>"$OUT/src_$1.txt" 2>&1
   grep -E "Duration|DRAM Throughput|Issue Slots Busy|No Eligible|Achieved Occupancy|Warp Cycles Per Issued|Registers Per|Executed Ipc A" "$OUT/ncu_$1.txt" | head -10
-  head -25 "$OUT/src_$1.txt" | tail -22
+  head -${SRCN:-25} "$OUT/src_$1.txt" | tail -$(( ${SRCN:-25} - 3 ))
+  awk '/^columns/{n++} n==2' "$OUT/src_$1.txt" | sed -n '/top instructions/,+30p' 
 }
-prof inproj in_proj 3
-prof fc2 experts 56
-prof lmhead lm_head 3
+for spec in ${PROFS:-inproj:in_proj:3 fc2:experts:56 lmhead:lm_head:3}; do IFS=: read -r n sh sk <<<"$spec"; prof "$n" "$sh" "$sk"; done
