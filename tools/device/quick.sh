@@ -9,7 +9,8 @@ TAILN=3 step test_stream 200 $B/tests/kernels_cuda_test_stream_cuda
 grep -E "FAILED|Assert|mismatch" "$OUT/test_stream.log" | head -5
 TAILN=3 step test_engine 200 $B/tests/engine_cuda_test_cuda_engine
 TAILN=6 step test_synth 200 $B/tests/engine_cuda_test_cuda_synth
-TAILN=40 step bench 200 $K bench stream --quick --shapes lm_head,in_proj,q_proj,out_proj,k_proj,shared_up,experts --bits ${BITS:-4}
+TAILN=40 step bench 200 $K bench stream --quick --shapes lm_head,in_proj,q_proj,out_proj,k_proj,shared_up,experts --bits ${BITS:-4} ${BENCH_ARGS:-}
+if [[ -n ${BENCH2_ARGS:-} ]]; then TAILN=24 step bench2 200 $K bench stream --quick --shapes in_proj,q_proj,out_proj,k_proj,shared_up --bits ${BITS:-4} $BENCH2_ARGS; fi
 timeout 150 $K synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64 >/dev/null 2>&1 || echo "synth failed"
 TAILN=30 step dec 90 $K bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda
 IFS=';' read -ra extra <<<"${DECODE_ARGS:-}"
