@@ -13,6 +13,7 @@
 #define keel_cuda_stream_tune keel_contract_twin_cuda_stream_tune
 #define keel_cuda_stream_prefetch keel_contract_twin_cuda_stream_prefetch
 #define keel_cuda_stream_pdl keel_contract_twin_cuda_stream_pdl
+#define keel_cuda_stream_pdl_active keel_contract_twin_cuda_stream_pdl_active
 #define keel_cuda_stream_split_target keel_contract_twin_cuda_stream_split_target
 
 #include <stdio.h>

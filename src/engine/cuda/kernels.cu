@@ -158,17 +158,23 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ x, const float *__restric
     if (n <= kNormRegs * kNormThreads && blockDim.x == kNormThreads) {
         /* every load of the row first (one round trip, not one per element), then the same sums in the same order
          * as the loop below */
-        float v[kNormRegs], wv[kNormRegs];
+        float v[kNormRegs], wv[kNormRegs], bv[kNormRegs];
+#pragma unroll
+        for (int j = 0; j < kNormRegs; j++) { /* the model's weights first: no kernel writes them */
+            const int i = threadIdx.x + j * kNormThreads;
+            wv[j] = w.n && i < n ? vget(w, i) : 0.0f;
+            bv[j] = bias.n && i < n ? vget(bias, i) : 0.0f;
+        }
+        kp_grid_wait(); /* x, a and b are the previous kernels' */
 #pragma unroll
         for (int j = 0; j < kNormRegs; j++) {
             const int i = threadIdx.x + j * kNormThreads;
-            v[j] = wv[j] = 0.0f;
+            v[j] = 0.0f;
             if (i < n) {
                 float t = a[r * n + i];
                 if (b) t = __fadd_rn(t, b[r * n + i]);
-                if (bias.n && !PLANTED(KEEL_ECU_PLANT_NOBIAS)) t = __fadd_rn(t, vget(bias, i));
+                if (bias.n && !PLANTED(KEEL_ECU_PLANT_NOBIAS)) t = __fadd_rn(t, bv[j]);
                 v[j] = __fadd_rn(xr[i], t);
-                if (w.n) wv[j] = vget(w, i);
             }
         }
         float ss = 0.0f;
@@ -196,6 +202,7 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ x, const float *__restric
         }
         return;
     }
+    kp_grid_wait();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float t = a[r * n + i];
         if (b) t = __fadd_rn(t, b[r * n + i]);
@@ -615,7 +622,20 @@ extern "C" void KEEL_ECU_FN(rmsnorm)(const float *x, int ldx, const keel_ecu_vec
 extern "C" void KEEL_ECU_FN(add_rmsnorm)(float *x, const float *a, const float *b, const keel_ecu_vec *bias,
                                      const keel_ecu_vec *w, int m, int n, float eps, float *yf, uint16_t *yb,
                                      void *st) {
+#if !defined(__HIPCC__) /* a programmatic dependent: the norm's weights load while the previous kernel finishes */
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)m);
+    cfg.blockDim = dim3(kNormThreads);
+    cfg.stream = (cudaStream_t)st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = keel_cuda_stream_pdl_active() ? 1 : 0;
+    KEEL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, add_rmsnorm_kernel, x, a, b, dv(bias), dv(w), n, eps, yf, yb));
+#else
     add_rmsnorm_kernel<<<(unsigned)m, kNormThreads, 0, (cudaStream_t)st>>>(x, a, b, dv(bias), dv(w), n, eps, yf, yb);
+#endif
     KEEL_CUDA_CHECK_LAUNCH();
 }
 

@@ -93,6 +93,9 @@ void keel_cuda_stream_diag(int mode);
  * starts its weight prefetch while the previous kernel on the stream still runs and waits for it before reading x. */
 bool keel_cuda_stream_prefetch(int chunk_stages);
 void keel_cuda_stream_pdl(int on);
+/* Whether launches go out as programmatic dependents now (keel_cuda_stream_pdl on and an sm_90+ device): the engine's
+ * kernels that start with loads of weights launch the same way. */
+bool keel_cuda_stream_pdl_active(void);
 #define KEEL_CUDA_STREAM_PREFETCH_DEFAULT 0
 #define KEEL_CUDA_STREAM_PDL_DEFAULT 1
 /* The k-split's target (keel_cuda_stream_splits): split a shape whose row tiles give fewer than quarters / 4 blocks an

@@ -679,6 +679,21 @@ int g_pf_stages = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, g_pdl = KEEL_CUDA_STREAM_PD
 int g_split_target = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
 int g_pdl_ok = -1; /* the device can launch programmatic dependents (sm_90+), once known */
 
+/* Whether launches go out as programmatic dependents: asked for, and the device has them (sm_90+). */
+bool pdl_active(void) {
+#if defined(__HIPCC__)
+    return false;
+#else
+    if (g_pdl_ok < 0) {
+        int dev = 0, major = 0;
+        KEEL_CUDA_CHECK(cudaGetDevice(&dev));
+        KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        g_pdl_ok = major >= 9;
+    }
+    return g_pdl && g_pdl_ok;
+#endif
+}
+
 int sm_count(void) {
     if (g_sms == 0) {
         int dev = 0;
@@ -713,12 +728,6 @@ template <int B, bool XF16> void launch_t(const Params &P, unsigned blocks, cuda
         attr = true;
     }
 #if !defined(__HIPCC__)
-    if (g_pdl_ok < 0) {
-        int dev = 0, major = 0;
-        KEEL_CUDA_CHECK(cudaGetDevice(&dev));
-        KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        g_pdl_ok = major >= 9;
-    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(kThreads);
@@ -728,7 +737,7 @@ template <int B, bool XF16> void launch_t(const Params &P, unsigned blocks, cuda
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = g_pdl && g_pdl_ok ? 1 : 0;
+    cfg.numAttrs = pdl_active() ? 1 : 0;
     KEEL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, stream_tile<B, XF16>, P));
 #else
     stream_tile<B, XF16><<<blocks, kThreads, smem_bytes<B>(), st>>>(P);
@@ -868,6 +877,8 @@ extern "C" bool keel_cuda_stream_prefetch(int chunk_stages) {
 }
 
 extern "C" void keel_cuda_stream_pdl(int on) { g_pdl = on != 0; }
+
+extern "C" bool keel_cuda_stream_pdl_active(void) { return pdl_active(); }
 
 extern "C" bool keel_cuda_stream_split_target(int quarters) {
     if (quarters < 1 || quarters > 64) return false;
