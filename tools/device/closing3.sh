@@ -6,7 +6,7 @@
 # files in $OUT.
 NAME=c3 BUILD_DIR=build-l
 . "$(dirname "$0")/lib.sh"
-export LD_LIBRARY_PATH=${LD_LIBRARY_PATH}:/usr/local/cuda/lib64
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH}:/usr/local/cuda/lib64 KEEL_SOURCE_DIR=$PWD
 t=$(date +%s)
 timeout 240 $K contract --backend cuda >"$OUT/contract.log" 2>&1
 echo "contract rc=$? in $(( $(date +%s) - t )) s"; grep -E "^(FAIL|MISSED|LIMIT)" "$OUT/contract.log" | head -10; grep -E "^SUMMARY" "$OUT/contract.log"
