@@ -485,9 +485,8 @@ static bool replaced(const keel_contract_table *t, const keel_contract_reg *reg,
 /* Whether a launch of this shape and its replaced sequence add in the same order: the same k-split on both
  * sides (the routed split follows the stack's launch-width hint, the plain tile's the hint of one; fc2 adds each
  * item's slices in order, then the items in list order, as the sequence does). */
-static bool same_order_at(const keel_contract_reg *reg, int n, int k, int n_items) {
+static bool same_order_at(const keel_contract_reg *reg, int n, int k) {
     if (reg->epi == KEEL_EPI_RELU2 && reg->ydt != KEEL_DT_F32) return false; /* the sequence rounds y, then squares */
-    (void)n_items;
     if (!reg->splits) return true;
     return reg->splits(n, k, KEEL_CONTRACT_ITEMS_OF(reg)) == reg->splits(n, k, 1);
 }
@@ -508,7 +507,7 @@ static void gate4_fused(const keel_contract_table *t, const keel_contract_reg *r
                 return;
             }
             const size_t cnt = y_elems(&c), per = (size_t)c.m * (size_t)c.n;
-            if (same_order_at(reg, s->n, s->k, c.n_items)) {
+            if (same_order_at(reg, s->n, s->k)) {
                 for (size_t o = 0; o < cnt && gr->pass; o++) {
                     if (!c.down && !((c.items[o / per].mask >> (o % per / (size_t)c.n)) & 1u)) continue;
                     if (!same_elem(reg, yf, o, ys, o))

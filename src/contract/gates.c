@@ -140,6 +140,7 @@ static void reference(const keel_contract_reg *reg, const hcase *h, double *ref,
         return;
     }
     const int n = h->n, k = h->k;
+    const int splits = reg->splits ? reg->splits(n, k, KEEL_CONTRACT_ITEMS_OF(reg)) : 1; /* the tile's k-split */
     for (int i = 0; i < h->m; i++)
         for (int j = 0; j < n; j++) {
             double acc = 0, A = 0;
@@ -163,9 +164,8 @@ static void reference(const keel_contract_reg *reg, const hcase *h, double *ref,
                     acc += x * (sq + b);
                     A += fabs(x) * (fabs(sq) + fabs(b));
                 }
-                L = reg->arith == KEEL_CA_MMA
-                        ? keel_contract_mma_roundings(reg->group, k, reg->splits ? reg->splits(n, k, KEEL_CONTRACT_ITEMS_OF(reg)) : 1)
-                        : reg->group / 8 + ng + 4;
+                L = reg->arith == KEEL_CA_MMA ? keel_contract_mma_roundings(reg->group, k, splits)
+                                              : reg->group / 8 + ng + 4;
             }
             double e = 1.01 * L * U32 * A + 1e-30;
             if (reg->epi == KEEL_EPI_RELU2) {

@@ -72,6 +72,7 @@ typedef struct keel_st_shard {
     char *path;
     const uint8_t *map; /* whole file, read-only mmap (or NULL when empty) */
     size_t size;
+    size_t data_off;    /* where the data section starts: 8 + the header's length (0 until the file parses) */
 } keel_st_shard;
 
 typedef struct keel_st {

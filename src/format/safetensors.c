@@ -296,13 +296,19 @@ static keel_code parse_header(keel_st *st, const cJSON *root, const uint8_t *dat
     return rc;
 }
 
+/* The little-endian header length at the start of a file of at least 8 bytes. */
+static uint64_t header_len(const uint8_t *buf) {
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)buf[i] << (8 * i);
+    return hlen;
+}
+
 keel_code keel_st_parse(keel_st *st, const uint8_t *buf, size_t len, const char *fname, keel_err *err) {
     memset(st, 0, sizeof *st);
     if (!fname) fname = "(buffer)";
     if (len < 8)
         return keel_err_set(err, KEEL_E_FORMAT, "%s: %zu bytes, shorter than the 8-byte header length", fname, len);
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++) hlen |= (uint64_t)buf[i] << (8 * i);
+    const uint64_t hlen = header_len(buf);
     if (hlen > (uint64_t)(len - 8))
         return keel_err_set(err, KEEL_E_FORMAT, "%s: header length %llu runs beyond the file of %zu bytes", fname,
                             (unsigned long long)hlen, len);
@@ -380,9 +386,11 @@ static keel_code load_shard(keel_st *st, const char *path, keel_st *part, keel_e
     }
     close(fd);
     st->shards = keel_xrealloc(st->shards, (size_t)(st->n_shards + 1) * sizeof *st->shards);
-    st->shards[st->n_shards] = (keel_st_shard){keel_xstrdup(path), map, size};
+    st->shards[st->n_shards] = (keel_st_shard){keel_xstrdup(path), map, size, 0};
+    keel_code rc = keel_st_parse(part, map, size, path, err);
+    if (rc == KEEL_OK) st->shards[st->n_shards].data_off = (size_t)(8 + header_len(map));
     st->n_shards++;
-    return keel_st_parse(part, map, size, path, err);
+    return rc;
 }
 
 static keel_code open_single(keel_st *st, const char *path, keel_err *err) {

@@ -274,6 +274,7 @@ static void test_fixture(void **state) {
     uint64_t hl = 0;
     for (int i = 0; i < 8; i++) hl |= (uint64_t)raw[i] << (8 * i);
     assert_memory_equal(t->data, raw + 8 + hl + 8192, t->nbytes);
+    assert_int_equal(st.shards[0].data_off, 8 + hl); /* where the data section starts (the CUDA engine aligns it) */
     free(raw);
     t = keel_st_find(&st, "backbone.layers.0.mixer.A_log");
     assert_non_null(t);

@@ -5,21 +5,8 @@
 #   PHASE=B: the contract again, compute-sanitizer memcheck over a contract subset and the CUDA engine on the fixture, then
 #            `keel bench decode` on the demo and on the Nano-30B-A3B-shaped 4-bit checkpoint that keel synth writes.
 # Needs the carried .devdeps (cJSON, PCRE2, cmocka) and .devfix (the fixtures). Logs go to $OUT.
-set -uo pipefail
-OUT=${OUT:-/tmp/keel-all}
-mkdir -p "$OUT"
-. .devdeps/env.sh
-export KEEL_FIXTURES=$PWD/.devfix
-B=build-dev
-step() { # name limit_s command...: runs with a time limit, logs to $OUT/name.log, prints rc, time and the tail
-  local name=$1 lim=$2; shift 2
-  local t=$(date +%s)
-  echo "\$ $*" >>"$OUT/$name.log"
-  timeout "$lim" "$@" >>"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in $(( $(date +%s) - t )) s"
-  tail -n "${TAILN:-8}" "$OUT/$name.log"
-}
+NAME=all BUILD_DIR=${BUILD_DIR:-build-dev}
+. "$(dirname "$0")/lib.sh"
 if [[ ${PHASE:-A} == A ]]; then
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$OUT/nvidia-smi.txt" 2>&1
   TAILN=3 step build 300 bash -c "cmake -S . -B $B -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build $B -j $(nproc)"

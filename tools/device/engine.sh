@@ -4,32 +4,11 @@
 # compute-sanitizer memcheck over `keel logits --backend cuda` on the fixture, and `keel bench decode` on the demo
 # checkpoint and the Nano-width one (NANO=1: also the Nano-shaped 4-bit checkpoint), and the engine kernels' contract
 # table (gates 1-4, planted controls). Logs go to $OUT.
-set -uo pipefail
-OUT=${OUT:-/tmp/keel-engine}
-mkdir -p "$OUT"
-. .devdeps/env.sh
-export KEEL_FIXTURES=$PWD/.devfix KEEL_SRC=$PWD KEEL_TMP=/tmp/keel-h13
-mkdir -p "$KEEL_TMP"
-B=build-h13dev
+NAME=engine BUILD_DIR=${BUILD_DIR:-build-h13dev}
+export TAILN=${TAILN:-14}
+. "$(dirname "$0")/lib.sh"
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv >"$OUT/nvidia-smi.txt" 2>&1
-t0=$(date +%s)
-if ! { cmake -S . -B $B -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release &&
-       cmake --build $B -j "$(nproc)" --target keel engine_cuda_test_cuda_engine engine_cuda_test_cuda_synth \
-         engine_cuda_test_cuda_engine_contract; } \
-     >"$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"; exit 1
-fi
-echo "build: $(( $(date +%s) - t0 )) s"
-export KEEL_BIN=$PWD/$B/keel
-step() { # name limit_s command...: runs, appends to $OUT/name.log, prints rc, time and the tail
-  local name=$1 lim=$2; shift 2
-  local t=$(date +%s)
-  echo "\$ $*" >>"$OUT/$name.log"
-  timeout "$lim" "$@" >>"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in $(( $(date +%s) - t )) s"
-  tail -n "${TAILN:-14}" "$OUT/$name.log"
-}
+build engine_cuda_test_cuda_engine engine_cuda_test_cuda_synth engine_cuda_test_cuda_engine_contract
 step engine 120 $B/tests/engine_cuda_test_cuda_engine
 if [[ ${QUICK:-0} == 1 ]]; then # the engine, its contract table and the synthetic agreement only
   TAILN=20 step contract 150 $B/tests/engine_cuda_test_cuda_engine_contract

@@ -3,24 +3,9 @@
 # runs the engine test, the engine tables of the contract, the Nano-width synthetic agreement, `keel bench decode`
 # on the Nano-30B-A3B shape (1k context bf16 and f32 activations, graphs on and off; 32k context), and the GPU time
 # of one decode step per kernel (ncu). Logs go to $OUT.
-set -uo pipefail
-OUT=${OUT:-/tmp/keel-final}
-mkdir -p "$OUT"
-. .devdeps/env.sh
-export KEEL_FIXTURES=$PWD/.devfix KEEL_SRC=$PWD KEEL_TMP=/tmp/keel-final-tmp
-mkdir -p "$KEEL_TMP"
-B=build-final
-step() { # name limit_s command...: runs with a time limit, logs to $OUT/name.log, prints rc, time and the tail
-  local name=$1 lim=$2; shift 2
-  local t=$(date +%s)
-  echo "\$ $*" >>"$OUT/$name.log"
-  timeout "$lim" "$@" >>"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in $(( $(date +%s) - t )) s"
-  tail -n "${TAILN:-8}" "$OUT/$name.log"
-}
+NAME=final BUILD_DIR=${BUILD_DIR:-build-final}
+. "$(dirname "$0")/lib.sh"
 TAILN=3 step build 200 bash -c "cmake -S . -B $B -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build $B -j $(nproc) --target keel engine_cuda_test_cuda_engine engine_cuda_test_cuda_synth"
-export KEEL_BIN=$PWD/$B/keel
 TAILN=30 step engine_test 90 $B/tests/engine_cuda_test_cuda_engine
 TAILN=6 step engine_contract 120 $B/keel contract --backend cuda --filter '^cuda/engine/'
 TAILN=2 step synth_nano 90 $B/keel synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64

@@ -3,25 +3,10 @@
 # tests for sm_90, runs the engine tests (fixture agreement, windows bit-identical, graphs on/off, errors), the engine
 # tables of the contract, then `keel synth` of the Nano-30B-A3B shape and `keel bench decode` at 1k context (graphs on
 # and off) and at 32k. a carried .headsnap folder (files of HEAD) is copied over the tree first (to leave out work in progress). Logs: $OUT.
-set -uo pipefail
-OUT=${OUT:-/tmp/keel-lead}
-mkdir -p "$OUT"
 if [[ -d .headsnap ]]; then cp -r .headsnap/. . && echo "restored from .headsnap: $(cd .headsnap && find . -type f | wc -l) files"; fi
-. .devdeps/env.sh
-export KEEL_FIXTURES=$PWD/.devfix KEEL_SRC=$PWD KEEL_TMP=/tmp/keel-lead-tmp
-mkdir -p "$KEEL_TMP"
-B=build-lead-dev
-step() { # name limit_s command...: runs with a time limit, logs to $OUT/name.log, prints rc, time and the tail
-  local name=$1 lim=$2; shift 2
-  local t=$(date +%s)
-  echo "\$ $*" >>"$OUT/$name.log"
-  timeout "$lim" "$@" >>"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in $(( $(date +%s) - t )) s"
-  tail -n "${TAILN:-8}" "$OUT/$name.log"
-}
+NAME=lead BUILD_DIR=${BUILD_DIR:-build-lead-dev}
+. "$(dirname "$0")/lib.sh"
 TAILN=3 step build 240 bash -c "cmake -S . -B $B -DKEEL_CUDA=ON -DKEEL_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build $B -j $(nproc) --target keel engine_cuda_test_cuda_engine engine_cuda_test_cuda_engine_contract ${EXTRA_TARGETS:-}"
-export KEEL_BIN=$PWD/$B/keel
 TAILN=40 step engine_test 150 $B/tests/engine_cuda_test_cuda_engine
 TAILN=12 step engine_contract 150 $B/keel contract --backend cuda --filter '^cuda/engine/'
 [[ ${BENCH:-1} == 1 ]] || exit 0

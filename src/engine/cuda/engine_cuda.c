@@ -199,11 +199,9 @@ static keel_code add_regions(keel_cuda_engine *e, const keel_st *st, keel_err *e
         if (!st->shards[i].map || !st->shards[i].size) continue;
         if (e->n_reg == (int)(sizeof e->reg / sizeof e->reg[0]))
             return keel_err_set(err, KEEL_E_UNSUPPORTED, "model %s: more than %d shards", e->model->dir, e->n_reg);
-        /* the data section starts after the 8-byte length and the header: align it, so that tensors at 16-byte
-         * offsets in it get the stream tiles' 16-byte copies */
-        uint64_t hlen = 0;
-        for (int b = 0; b < 8 && st->shards[i].size >= 8; b++) hlen |= (uint64_t)st->shards[i].map[b] << (8 * b);
-        const size_t pad = (256u - (size_t)((8u + hlen) % 256u)) % 256u;
+        /* the data section 256-byte aligned, so that tensors at 16-byte offsets in it get the stream tiles' 16-byte
+         * copies */
+        const size_t pad = (256u - st->shards[i].data_off % 256u) % 256u;
         e->reg[e->n_reg++] = (region){st->shards[i].map, st->shards[i].size, NULL, pad};
     }
     return KEEL_OK;

@@ -622,20 +622,9 @@ extern "C" void KEEL_ECU_FN(rmsnorm)(const float *x, int ldx, const keel_ecu_vec
 extern "C" void KEEL_ECU_FN(add_rmsnorm)(float *x, const float *a, const float *b, const keel_ecu_vec *bias,
                                      const keel_ecu_vec *w, int m, int n, float eps, float *yf, uint16_t *yb,
                                      void *st) {
-#if !defined(__HIPCC__) /* a programmatic dependent: the norm's weights load while the previous kernel finishes */
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)m);
-    cfg.blockDim = dim3(kNormThreads);
-    cfg.stream = (cudaStream_t)st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = keel_cuda_stream_pdl_active() ? 1 : 0;
-    KEEL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, add_rmsnorm_kernel, x, a, b, dv(bias), dv(w), n, eps, yf, yb));
-#else
-    add_rmsnorm_kernel<<<(unsigned)m, kNormThreads, 0, (cudaStream_t)st>>>(x, a, b, dv(bias), dv(w), n, eps, yf, yb);
-#endif
+    /* a programmatic dependent: the norm's weights load while the previous kernel finishes */
+    KP_LAUNCH(keel_cuda_stream_pdl_active(), add_rmsnorm_kernel, dim3((unsigned)m), dim3(kNormThreads), 0, st, x, a, b,
+              dv(bias), dv(w), n, eps, yf, yb);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 

@@ -69,6 +69,29 @@ typedef __nv_bfloat162 kp_bf162;
 /* After every launch: launch-configuration errors surface here, not at the next unrelated call. */
 #define KEEL_CUDA_CHECK_LAUNCH() KEEL_CUDA_CHECK(cudaGetLastError())
 
+/* A launch, as a programmatic dependent when `pdl_` (sm_90: it may start while the previous kernel on the stream
+ * runs; the kernel must kp_grid_wait before it reads what an earlier kernel wrote, and write nothing before that).
+ * HIP: a plain launch. */
+#if !defined(__HIPCC__)
+#define KP_LAUNCH(pdl_, kernel_, grid_, block_, smem_, stream_, ...)                                            \
+    do {                                                                                                       \
+        cudaLaunchConfig_t kp_cfg_ = {};                                                                       \
+        kp_cfg_.gridDim = (grid_);                                                                             \
+        kp_cfg_.blockDim = (block_);                                                                           \
+        kp_cfg_.dynamicSmemBytes = (smem_);                                                                    \
+        kp_cfg_.stream = (cudaStream_t)(stream_);                                                              \
+        cudaLaunchAttribute kp_at_[1];                                                                         \
+        kp_at_[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;                                     \
+        kp_at_[0].val.programmaticStreamSerializationAllowed = 1;                                              \
+        kp_cfg_.attrs = kp_at_;                                                                                \
+        kp_cfg_.numAttrs = (pdl_) ? 1 : 0;                                                                     \
+        KEEL_CUDA_CHECK(cudaLaunchKernelEx(&kp_cfg_, kernel_, __VA_ARGS__));                                   \
+    } while (0)
+#else
+#define KP_LAUNCH(pdl_, kernel_, grid_, block_, smem_, stream_, ...)                                            \
+    kernel_<<<(grid_), (block_), (smem_), (hipStream_t)(stream_)>>>(__VA_ARGS__)
+#endif
+
 #define KP_FULL_MASK 0xffffffffu
 
 #if defined(__CUDACC__) || defined(__HIPCC__)

@@ -600,7 +600,9 @@ static void test_splits(void **state) {
     }
     assert_true(keel_cuda_stream_splits(9, 2176, 1) >= 2);
     assert_int_equal(keel_cuda_stream_splits(131072, 2688, 1), 1);
-    assert_int_equal(keel_cuda_stream_splits(1856, 2688, 6), 1); /* Nano's routed fc1: 174 tiles for 132 SMs */
+    /* a hint of h splits as h such matrices side by side would (Nano's routed fc1: 29 row tiles, top-6) */
+    assert_int_equal(keel_cuda_stream_splits(1856, 2688, 6), keel_cuda_stream_splits(6 * 1856, 2688, 1));
+    assert_int_equal(keel_cuda_stream_splits(2688, 1856, 6), keel_cuda_stream_splits(6 * 2688, 1856, 1));
 }
 
 /* Routed fc2 with more partials per output than the last block adds itself (a second launch adds them): a token
