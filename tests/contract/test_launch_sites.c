@@ -2,8 +2,8 @@
  * the tables (docs/kernel-contract.md, "Launch sites"). Launch entry points: keel_cpu_matmul (per epilogue used,
  * every width, group, dtype and code path must be registered), keel_cpu_relu2, every CUDA launcher (a function
  * of src/kernels/cuda/cuda.h with a `void *stream` parameter), and every CUDA engine launcher (a KEEL_ECU_FN function
- * defined in src/engine/cuda/kernels.cu whose body launches with `<<<`). `<<<` launches may appear only inside
- * those kernel files, behind their launchers. A kernel's own file or folder (definitions, benches) is not a
+ * defined in src/engine/cuda/kernels.cu whose body launches with `<<<` or port.h's KP_LAUNCH). Both kinds of launch
+ * may appear only inside those kernel files, behind their launchers. A kernel's own file or folder (definitions, benches) is not a
  * launch site. */
 #define _DEFAULT_SOURCE
 #include <dirent.h>
@@ -119,7 +119,7 @@ static void read_engine_launchers(scan *s, char *text) {
         while (depth > 0 && *++end);
         const char save = *end;
         *end = 0;
-        const bool launches = strstr(b, "<<<") != NULL;
+        const bool launches = strstr(b, "<<<") != NULL || strstr(b, "KP_LAUNCH(") != NULL;
         *end = save;
         if (launches && s->n_launchers < MAX_LAUNCHERS && len < 50)
             snprintf(s->launchers[s->n_launchers++], 64, "keel_ecu_%.*s", (int)len, nm);
@@ -174,10 +174,13 @@ static void scan_text(scan *s, const char *rel, char *text) {
                           (strncmp(rel, ENGINE_KERNELS, strlen(ENGINE_KERNELS)) == 0 && el > 3 && !strcmp(rel + el - 3, ".cu"));
     const bool host_avx2 = strcmp(keel_contract_cpu_backend()->chip, "cpu-avx2") == 0;
     if (!cuda_dir)
-        for (char *p = text; (p = strstr(p, "<<<")) != NULL; p += 3) {
-            s->sites++, s->unregistered++;
-            note(s, "%s:%d: a <<< launch outside src/kernels/cuda (launch kernels through a registered launcher)\n",
-                 rel, line_of(text, p));
+        for (int k = 0; k < 2; k++) { /* a <<< launch or port.h's launch macro */
+            const char *how = k ? "KP_LAUNCH(" : "<<<";
+            for (char *p = text; (p = strstr(p, how)) != NULL; p += strlen(how)) {
+                s->sites++, s->unregistered++;
+                note(s, "%s:%d: a %s launch outside src/kernels/cuda (launch kernels through a registered launcher)\n",
+                     rel, line_of(text, p), k ? "KP_LAUNCH" : "<<<");
+            }
         }
     for (char *p = text; *p; p++) {
         if (!(p[0] == 'k' && strncmp(p, "keel_", 5) == 0) || (p > text && ident(p[-1]))) continue;
@@ -322,14 +325,15 @@ static void test_scan_catches_unregistered(void **state) {
     s.cuda_entries = no_cuda_entries;
     s.engine_entries[0] = s.engine_entries[1] = s.engine_entries[2] = no_cuda_entries;
     char cuda[] = "void g(void) {\n  keel_cuda_stream_matmul(&W, x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE, 0);\n"
-                  "  k_tile<<<grid, 128>>>(a);\n}\n";
+                  "  k_tile<<<grid, 128>>>(a);\n  KP_LAUNCH(1, k_tile, grid, 128, 0, st, a);\n}\n";
     scan_text(&s, "src/engine/cuda/forward.c", cuda);
-    assert_int_equal(s.unregistered, 2);
+    assert_int_equal(s.unregistered, 3);
     assert_non_null(strstr(s.report, "src/engine/cuda/forward.c:2: CUDA launcher keel_cuda_stream_matmul"));
     assert_non_null(strstr(s.report, "src/engine/cuda/forward.c:3: a <<< launch outside src/kernels/cuda"));
+    assert_non_null(strstr(s.report, "src/engine/cuda/forward.c:4: a KP_LAUNCH launch outside src/kernels/cuda"));
     char eng[] = "void h(void) {\n  keel_ecu_rmsnorm(x, n, &w, m, n, eps, y, NULL, n, st);\n}\n";
     scan_text(&s, "src/engine/cuda/engine_cuda.c", eng);
-    assert_int_equal(s.unregistered, 3); /* an engine launcher is a launch site too */
+    assert_int_equal(s.unregistered, 4); /* an engine launcher is a launch site too */
     assert_non_null(strstr(s.report, "engine_cuda.c:2: CUDA launcher keel_ecu_rmsnorm"));
 
     /* A table that lost the fused relu2 registrations: a relu2 launch site is unregistered, a plain one is not. */
