@@ -194,92 +194,59 @@ template <int B> struct Prod {
 
 /* Issues the asynchronous copies of stage s (codes, scales, biases of the warp's 16 rows) into `slot`, then
  * commits a group (also when there is nothing to copy, so that group counting stays uniform). A partial last
- * stage copies only its blocks; the blocks after them are never read with non-zero x. */
-template <int B>
-__device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, int s, uint32_t *slot, int lane) {
+ * stage copies only its blocks; the blocks after them are never read with non-zero x. roff/doff: the lane's code
+ * vectors as word offsets in the matrix and the slot (stream_loop). FAST: the launch's choices known at compile
+ * time (16-byte code copies with the L2 hint, 4-byte aligned 16-bit scales, no diagnosis). */
+template <int B, bool FAST>
+__device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, int s, uint32_t *slot, int lane,
+                                            const int *roff, const int *doff) {
     using G = Geo<B>;
     const int k0 = Q.ks + s * G::SK;
     if (k0 < Q.ke) {
         const int nb = min(G::NBC, (Q.ke - k0) >> 5), nw = nb * B;
-        const int w0 = (k0 >> 5) * B;
-        /* vector i of lane l: row (32 i + l) / (WPR / 4) of the warp, words 4 u.. of its stage span */
-        const uint32_t *wk = Q.wb + w0;
-        if (P.diag == 2) {
-        } else if (P.vec16) {
+        const uint32_t *wk = Q.wb + (k0 >> 5) * B;
+        if (!FAST && P.diag == 2) {
+        } else if (FAST || P.vec16) {
 #pragma unroll
             for (int i = 0; i < G::VPL; i++) {
-                const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
-                if (4 * u >= nw) continue;
-                uint32_t *d = slot + rr * G::RS + 4 * u;
-                const uint32_t *src = wk + (min(Q.row0 + rr, Q.rlast) * Q.rw + 4 * u);
-                if (P.l2_block)
-                    kp_cp_async16_l2(d, src);
+                if (4 * ((i * 32 + lane) % (G::WPR / 4)) >= nw) continue;
+                if (FAST || P.l2_block)
+                    kp_cp_async16_l2(slot + doff[i], wk + roff[i]);
                 else
-                    kp_cp_async16(d, src);
+                    kp_cp_async16(slot + doff[i], wk + roff[i]);
             }
         } else {
 #pragma unroll
             for (int i = 0; i < G::VPL; i++) {
-                const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
-                const uint32_t *src = wk + (min(Q.row0 + rr, Q.rlast) * Q.rw + 4 * u);
+                const int u4 = 4 * ((i * 32 + lane) % (G::WPR / 4));
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    if (4 * u + j < nw) kp_cp_async4(slot + rr * G::RS + 4 * u + j, src + j);
+                    if (u4 + j < nw) kp_cp_async4(slot + doff[i] + j, wk + roff[i] + j);
             }
         }
         const int ngs = (nb * 32) >> Q.lg;
         const long long e0 = Q.e + (k0 >> Q.lg);
         uint32_t *dst = slot + G::CW + (lane >> 4) * (kRowsPerWarp * P.sw) + (lane & 15) * P.sw;
-        if (P.sdt == SDT_F32) {
+        if (!FAST && P.sdt == SDT_F32) {
 #pragma unroll
             for (int i = 0; i < G::SWMAX; i++)
                 if (i < ngs) kp_cp_async4(dst + i, (const float *)Q.base + e0 + i);
-        } else if (P.sb4) {
-            const long long wf = e0 >> 1, wl = (e0 + ngs - 1) >> 1;
+        } else if (FAST || P.sb4) { /* the words holding halves e0 .. e0 + ngs - 1 */
+            const long long w0 = e0 >> 1;
+            const int nwd = ((int)(e0 & 1) + ngs + 1) >> 1;
+            const bool tail = 2 * (w0 + nwd - 1) + 1 >= Q.e_end; /* the last word would reach past the matrix */
+            const uint32_t *src = (const uint32_t *)Q.base + w0;
 #pragma unroll
-            for (int i = 0; i < G::SWMAX; i++) {
-                const long long wi = wf + i;
-                if (wi <= wl) {
-                    if (2 * wi + 1 < Q.e_end)
-                        kp_cp_async4(dst + i, (const uint32_t *)Q.base + wi);
-                    else /* the word would reach past the matrix: its first half alone, synchronously */
-                        ((uint16_t *)(dst + i))[0] = ((const uint16_t *)Q.base)[2 * wi];
-                }
-            }
+            for (int i = 0; i < G::NBC / 2 + 1; i++)
+                if (i < nwd - (int)tail) kp_cp_async4(dst + i, src + i);
+            if (tail) /* its first half alone, synchronously */
+                ((uint16_t *)(dst + nwd - 1))[0] = ((const uint16_t *)Q.base)[2 * (w0 + nwd - 1)];
         } else {
             uint16_t *d16 = (uint16_t *)dst + (e0 & 1);
 #pragma unroll
             for (int i = 0; i < G::SWMAX; i++)
                 if (i < ngs) d16[i] = ((const uint16_t *)Q.base)[e0 + i];
         }
-    }
-    kp_cp_commit();
-}
-
-/* issue_stage for FAST launches, the same copies with less bookkeeping: the lane's code vectors at source and
- * destination offsets fixed for the warp (roff, doff), the scale words counted in 32 bits, the matrix's end checked
- * once for the last word only. */
-template <int B>
-__device__ __forceinline__ void issue_fast(const Params &P, const Prod<B> &Q, int s, uint32_t *slot, int lane,
-                                           const int *roff, const int *doff) {
-    using G = Geo<B>;
-    const int k0 = Q.ks + s * G::SK;
-    if (k0 < Q.ke) {
-        const int nw = min(G::NBC, (Q.ke - k0) >> 5) * B;
-        const uint32_t *wk = Q.wb + (k0 >> 5) * B;
-#pragma unroll
-        for (int i = 0; i < G::VPL; i++)
-            if (4 * ((i * 32 + lane) % (G::WPR / 4)) < nw) kp_cp_async16_l2(slot + doff[i], wk + roff[i]);
-        const int ngs = (nw / B * 32) >> Q.lg;
-        const long long e0 = Q.e + (k0 >> Q.lg), w0 = e0 >> 1;
-        const int nwd = ((int)(e0 & 1) + ngs + 1) >> 1;
-        const bool tail = 2 * (w0 + nwd - 1) + 1 >= Q.e_end; /* the last word would reach past the matrix */
-        uint32_t *dst = slot + G::CW + (lane >> 4) * (kRowsPerWarp * P.sw) + (lane & 15) * P.sw;
-        const uint32_t *src = (const uint32_t *)Q.base + w0;
-#pragma unroll
-        for (int i = 0; i < G::NBC / 2 + 1; i++)
-            if (i < nwd - (int)tail) kp_cp_async4(dst + i, src + i);
-        if (tail) ((uint16_t *)(dst + nwd - 1))[0] = ((const uint16_t *)Q.base)[2 * (w0 + nwd - 1)];
     }
     kp_cp_commit();
 }
@@ -358,11 +325,6 @@ template <bool XF16> __device__ __forceinline__ void stage_xsum(const Params &P,
     }
 }
 
-__device__ __forceinline__ float load_sb(const uint32_t *sb, int idx, int sdt) {
-    if (sdt == SDT_F32) return __uint_as_float(sb[idx]);
-    const uint16_t h = ((const uint16_t *)sb)[idx];
-    return sdt == SDT_BF16 ? kp_bf16_to_f32(h) : kp_f16_to_f32(h);
-}
 
 /* The NBC blocks of a stage of one warp's 16 rows, groups of BPG blocks (compile-time, so it is straight-line code
  * the compiler can overlap, every offset an immediate). ra/rb: the thread's bytes in rows g and g + 8; xfb: its
@@ -452,8 +414,10 @@ __device__ __forceinline__ void finish_out(const Params &P, int o, int r, int ro
         for (int s0 = 0; s0 < P.splits; s0 += kBatch) {
             float pv[kBatch];
 #pragma unroll
-            for (int j = 0; j < kBatch; j++)
-                pv[j] = s0 + j < P.splits ? kp_ldcg_f32(P.part + ((long long)(s0 + j) * P.n_items + o) * per + at) : 0.f;
+            for (int j = 0; j < kBatch; j++) {
+                const long long pi = ((long long)(s0 + j) * P.n_items + o) * per + at;
+                pv[j] = s0 + j < P.splits ? kp_ldcg_f32(P.part + pi) : 0.f;
+            }
 #pragma unroll
             for (int j = 0; j < kBatch; j++)
                 if (s0 + j < P.splits) acc = __fadd_rn(acc, pv[j]);
@@ -474,7 +438,7 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
                                             int lane, int lg, int lbpg, int nstage, float acc[4]) {
     using G = Geo<B>;
     const int g = lane >> 2, t = lane & 3, nst = P.nst, stride = P.stride;
-    int roff[G::VPL], doff[G::VPL]; /* FAST: the lane's code vectors, as word offsets in the matrix and the slot */
+    int roff[G::VPL], doff[G::VPL]; /* the lane's code vectors, as word offsets in the matrix and the slot */
 #pragma unroll
     for (int i = 0; i < G::VPL; i++) {
         const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
@@ -488,12 +452,7 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
         prefetch_chunk<B>(P, Q, 0, lane);
         prefetch_chunk<B>(P, Q, 1, lane);
     }
-    for (int s = 0; s < nst - 1; s++) {
-        if (FAST)
-            issue_fast<B>(P, Q, s, ring + s * stride, lane, roff, doff);
-        else
-            issue_stage<B>(P, Q, s, ring + s * stride, lane);
-    }
+    for (int s = 0; s < nst - 1; s++) issue_stage<B, FAST>(P, Q, s, ring + s * stride, lane, roff, doff);
     kp_grid_wait(); /* weights only so far: x, the partials and the counters belong to the previous kernel until now */
 
     int kc = 0, slot_i = 0, nblk = 0; /* position in the x-chunk; ring slot of stage s; the chunk's blocks */
@@ -514,10 +473,7 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
         if (FAST || nst > 1) kp_cp_wait_dyn(nst - 2);
         kp_syncwarp(); /* stage s has landed for every lane (nst > 1); every lane is done with stage s - 1 */
         const int next = slot_i + nst - 1 < nst ? slot_i + nst - 1 : slot_i - 1;
-        if (FAST)
-            issue_fast<B>(P, Q, s + nst - 1, ring + next * stride, lane, roff, doff);
-        else
-            issue_stage<B>(P, Q, s + nst - 1, ring + next * stride, lane);
+        issue_stage<B, FAST>(P, Q, s + nst - 1, ring + next * stride, lane, roff, doff);
         if (!FAST && nst == 1) {
             kp_cp_wait<0>();
             kp_syncwarp();
@@ -530,7 +486,7 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
             const long long e0 = Q.e + (k0 >> lg);
             const uint32_t *raw = slot + G::CW + which * (kRowsPerWarp * P.sw) + rr * P.sw;
             float *dst = (float *)(sbf + rr * G::SBR) + which;
-            if (FAST) { /* 16-bit: predicated loads, a zero half is 0.0f in both dtypes */
+            if (FAST || P.sdt != SDT_F32) { /* 16-bit: predicated loads, a zero half is 0.0f in both dtypes */
                 const uint16_t *r16 = (const uint16_t *)raw + (int)(e0 & 1);
                 const bool bf = P.sdt == SDT_BF16;
 #pragma unroll
@@ -539,9 +495,8 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
                     dst[2 * gs] = bf ? kp_bf16_to_f32(h) : kp_f16_to_f32(h);
                 }
             } else {
-                const int so = P.sdt == SDT_F32 ? 0 : (int)(e0 & 1);
 #pragma unroll
-                for (int gs = 0; gs < G::NBC; gs++) dst[2 * gs] = gs < ngs ? load_sb(raw, so + gs, P.sdt) : 0.f;
+                for (int gs = 0; gs < G::NBC; gs++) dst[2 * gs] = gs < ngs ? __uint_as_float(raw[gs]) : 0.f;
             }
         }
         kp_syncwarp();
