@@ -516,11 +516,19 @@ __global__ void route_kernel(const float *logits, DVec corr, int E, int K, int n
  * expert order, as routed items (expert, mask of the group's rows that chose it) with weights [item][row] taken from
  * the one-row weights (m*K*8, [row*K+slot][0]); padded to cap items with (0, 0) items no row reads. Ascending order
  * makes a row's experts meet it in the same order whichever rows share its window. */
+constexpr int kMaxUnionSel = 8 * 64; /* a group's selections: 8 rows of up to 64 experts */
+
 __device__ __forceinline__ void union_group(const int *sel, const float *w, int m, int K, int E, int cap,
-                                            keel_cuda_route *items, float *weights, int g, int lane, int *live) {
+                                            keel_cuda_route *items, float *weights, int g, int lane, int *gsel,
+                                            float *gw) {
     const int r0 = 8 * g, rows = min(8, m - r0);
     keel_cuda_route *it = items + (size_t)g * cap;
     float *wt = weights + (size_t)g * cap * 8;
+    for (int i = lane; i < rows * K; i += 32) { /* the group's selections and weights, read once */
+        gsel[i] = sel[r0 * K + i];
+        gw[i] = w[((size_t)r0 * K + i) * 8];
+    }
+    kp_syncwarp();
     int count = 0;
     for (int base = 0; base < E; base += 32) {
         const int ex = PLANTED(KEEL_ECU_PLANT_ORDER) ? E - 1 - (base + lane) : base + lane;
@@ -531,12 +539,9 @@ __device__ __forceinline__ void union_group(const int *sel, const float *w, int 
         if (base + lane < E)
             for (int r = 0; r < rows; r++)
                 for (int j = 0; j < K; j++)
-                    if (sel[(r0 + r) * K + j] == ex) mask |= 1u << r, wr[r] = w[((size_t)(r0 + r) * K + j) * 8];
-        live[lane] = mask != 0u;
-        kp_syncwarp();
-        int idx = count, n_live = 0;
-        for (int l = 0; l < 32; l++) idx += l < lane ? live[l] : 0, n_live += live[l];
-        kp_syncwarp();
+                    if (gsel[r * K + j] == ex) mask |= 1u << r, wr[r] = gw[r * K + j];
+        const uint32_t live = kp_ballot(mask != 0u); /* the live lanes below this one come first */
+        const int idx = count + __popc(live & ((1u << lane) - 1u)), n_live = __popc(live);
         if (mask && idx < cap) {
             it[idx].expert = ex;
             it[idx].mask = mask;
@@ -556,9 +561,10 @@ __device__ __forceinline__ void union_group(const int *sel, const float *w, int 
 
 __global__ void union_kernel(const int *sel, const float *w, int m, int K, int E, int cap, keel_cuda_route *items,
                              float *weights) {
-    __shared__ int live[32];
+    __shared__ int gsel[kMaxUnionSel];
+    __shared__ float gw[kMaxUnionSel];
     kp_grid_release(); /* a stream tile after this may start its weight prefetch */
-    union_group(sel, w, m, K, E, cap, items, weights, blockIdx.x, threadIdx.x, live);
+    union_group(sel, w, m, K, E, cap, items, weights, blockIdx.x, threadIdx.x, gsel, gw);
 }
 
 constexpr int kArgThreads = 1024;

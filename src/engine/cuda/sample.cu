@@ -80,17 +80,9 @@ __device__ __forceinline__ void hist_add(uint32_t *hc, unsigned long long *hs, u
     if (d != kNone) atomicAdd(&hc[d], 1u), atomicAdd(&hs[d], (unsigned long long)w);
 }
 
-__device__ __forceinline__ uint32_t lane_ballot(bool p) {
-#if defined(__HIPCC__)
-    return (uint32_t)__ballot(p);
-#else
-    return __ballot_sync(KP_FULL_MASK, p);
-#endif
-}
-
 /* Appends key to list for each lane with take, one atomic on the count a warp. Every lane of the warp calls it. */
 __device__ __forceinline__ void list_append(uint64_t *list, uint32_t *n, bool take, uint64_t key) {
-    const uint32_t b = lane_ballot(take);
+    const uint32_t b = kp_ballot(take);
     if (!b) return;
     const int lane = (int)(threadIdx.x & 31u), lead = __ffs((int)b) - 1;
     uint32_t base = 0;

@@ -119,6 +119,14 @@ static __device__ __forceinline__ float kp_shfl_xor_f32(float v, int mask) {
 }
 static __device__ __forceinline__ int kp_shfl_xor_i32(int v, int mask) { return (int)kp_shfl_xor((uint32_t)v, mask); }
 /* Lane i gets lane i + d's float (lanes past 31 keep their own). */
+/* Bit l set where lane l's p is true (the 32 lanes of a warp, all calling). */
+static __device__ __forceinline__ uint32_t kp_ballot(bool p) {
+#if defined(__HIPCC__)
+    return (uint32_t)__ballot(p);
+#else
+    return __ballot_sync(KP_FULL_MASK, p);
+#endif
+}
 static __device__ __forceinline__ float kp_shfl_down_f32(float v, int d) {
 #if defined(__HIPCC__)
     return __shfl_down(v, (unsigned)d, 32);
