@@ -15,6 +15,7 @@
 #define keel_cuda_stream_pdl keel_contract_twin_cuda_stream_pdl
 #define keel_cuda_stream_pdl_active keel_contract_twin_cuda_stream_pdl_active
 #define keel_cuda_stream_split_target keel_contract_twin_cuda_stream_split_target
+#define keel_cuda_stream_split_long keel_contract_twin_cuda_stream_split_long
 
 #include <stdio.h>
 

@@ -1,5 +1,5 @@
 """keel bench decode refuses bad options with a message naming the option, before touching a model or a device:
---context below --prompt-tokens, the CUDA engine's options (--context, --graphs, --pdl, --prefetch, --split-target) on
+--context below --prompt-tokens, the CUDA engine's options (--context, --graphs, --pdl, --prefetch, --split-target, --split-long) on
 the CPU backend, values that are not numbers, on/off, or in range."""
 import os
 import subprocess
@@ -27,11 +27,13 @@ def main():
     expect(["--context", "0"], "--context '0': expected 1..16777216")
     expect(["--graphs", "maybe"], "--graphs 'maybe': expected on or off")
     expect(["--graphs"], "--graphs '': expected on or off")
-    cuda_only = "--context, --graphs, --pdl, --prefetch and --split-target are CUDA engine options"
+    cuda_only = "--context, --graphs, --pdl, --prefetch, --split-target and --split-long are CUDA engine options"
     expect(["--context", "100", "--backend", "cpu"], cuda_only)
     expect(["--graphs", "off", "--backend", "cpu"], cuda_only)
     expect(["--pdl", "off", "--backend", "cpu"], cuda_only)
     expect(["--split-target", "8", "--backend", "cpu"], cuda_only)
+    expect(["--split-long", "off", "--backend", "cpu"], cuda_only)
+    expect(["--split-long", "half"], "--split-long 'half': expected on or off")
     expect(["--prefetch", "4", "--backend", "cpu"], cuda_only)
     expect(["--pdl", "sometimes"], "--pdl 'sometimes': expected on or off")
     expect(["--split-target", "0"], "--split-target '0': expected 1..64")

@@ -13,7 +13,7 @@
 static const char *const USAGE =
     "usage: keel bench decode MODEL_DIR [--prompt-tokens P] [--tokens N] [--context C] [--backend cpu|cuda]\n"
     "                         [--activations bf16|f32] [--graphs on|off] [--pdl on|off] [--prefetch S]\n"
-    "                         [--split-target Q]\n"
+    "                         [--split-target Q] [--split-long on|off]\n"
     "  runs a P-token prompt (default 512) then N greedy decode steps (default 128) and reports prompt and decode\n"
     "  tokens/s. On cuda also: the bandwidth floor (bytes one step reads over the read bandwidth measured in the same\n"
     "  run) and its ratio to the measured time, and the time per token by kernel family (CUDA events, a second pass\n"
@@ -21,7 +21,8 @@ static const char *const USAGE =
     "  positions of zero keys and values. --graphs off decodes launch by launch instead of replaying a CUDA graph.\n"
     "  --pdl off launches the stream tiles after the previous kernel ends instead of as programmatic dependents;\n"
     "  --prefetch S sets the tiles' L2 prefetch chunk in stages (default 0: none); --split-target Q splits k so that\n"
-    "  a matrix gives about Q/4 blocks an SM (default 4).\n";
+    "  a matrix gives about Q/4 blocks an SM (default 4); --split-long off keeps long slices of matrices with enough\n"
+    "  row tiles whole (default on: halved where both halves fit the SMs at once).\n";
 
 static int fail(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "keel bench decode: ");
@@ -54,7 +55,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
     const char *dir = NULL;
     int P = 512, N = 128, backend = -1, C = 0;
     bool f32 = false, graphs = true;
-    int pdl = -1, prefetch = -1, split_q = -1; /* the stream tiles' levers; -1: not given, the library's default */
+    int pdl = -1, prefetch = -1, split_q = -1, split_long = -1; /* the stream tiles' levers; -1: not given, the library's default */
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -79,6 +80,9 @@ int keel_engine_bench_decode(int argc, char **argv) {
             else return fail("--pdl '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--prefetch")) {
             if (!parse_count(v, 0, 64, &prefetch)) return fail("--prefetch '%s': expected 0..64 stages%s", v ? v : "", "");
+        } else if (!strcmp(o, "--split-long")) {
+            if (v && (!strcmp(v, "on") || !strcmp(v, "off"))) split_long = !strcmp(v, "on");
+            else return fail("--split-long '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--split-target")) {
             if (!parse_count(v, 1, 64, &split_q)) return fail("--split-target '%s': expected 1..64%s", v ? v : "", "");
         } else if (!strcmp(o, "--activations")) {
@@ -101,8 +105,9 @@ int keel_engine_bench_decode(int argc, char **argv) {
     backend = KEEL_BACKEND_CPU;
 #endif
     if (f32 && backend == KEEL_BACKEND_CPU) return fail("--activations f32 is a CUDA engine option%s%s", "", "");
-    if ((C || !graphs || pdl >= 0 || prefetch >= 0 || split_q >= 0) && backend == KEEL_BACKEND_CPU)
-        return fail("--context, --graphs, --pdl, --prefetch and --split-target are CUDA engine options%s%s", "", "");
+    if ((C || !graphs || pdl >= 0 || prefetch >= 0 || split_q >= 0 || split_long >= 0) && backend == KEEL_BACKEND_CPU)
+        return fail("--context, --graphs, --pdl, --prefetch, --split-target and --split-long are CUDA engine options%s%s",
+                    "", "");
     if (C && C < P) return fail("--context must be at least --prompt-tokens%s%s", "", "");
     const int start = C ? C - P : 0;
     keel_model m;
@@ -142,6 +147,8 @@ int keel_engine_bench_decode(int argc, char **argv) {
         if (pdl < 0) pdl = KEEL_CUDA_STREAM_PDL_DEFAULT;
         if (prefetch < 0) prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT;
         if (split_q < 0) split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
+        if (split_long < 0) split_long = KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT;
+        keel_cuda_stream_split_long(split_long);
         keel_cuda_stream_pdl(pdl);
         keel_cuda_stream_prefetch(prefetch);
         keel_cuda_stream_split_target(split_q);
@@ -176,7 +183,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
 #ifdef KEEL_HAVE_CUDA
         if (backend == KEEL_BACKEND_CUDA)
             printf("stream tiles: programmatic dependent launch %s, L2 prefetch chunk %d stages, k-split target %d/4 "
-                   "blocks an SM\n", pdl ? "on" : "off", prefetch, split_q);
+                   "blocks an SM, long slices halved %s\n", pdl ? "on" : "off", prefetch, split_q, split_long ? "on" : "off");
         if (backend == KEEL_BACKEND_CUDA && res.n_gen > 0 && read_gbs > 0) {
             const double bytes = (double)keel_cuda_engine_step_bytes(ce, start + P + res.n_gen / 2);
             const double floor_ms = bytes / (read_gbs * 1e9) * 1e3, ms = 1e3 * res.gen_s / res.n_gen;

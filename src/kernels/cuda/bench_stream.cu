@@ -284,11 +284,13 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
             }
         } else if (!strcmp(argv[a], "--pdl")) {
             pdl = 1;
+        } else if (!strcmp(argv[a], "--split-long") && a + 1 < argc && (!strcmp(argv[a + 1], "on") || !strcmp(argv[a + 1], "off"))) {
+            keel_cuda_stream_split_long(!strcmp(argv[++a], "on"));
         } else if (!strcmp(argv[a], "--tune") && a + 1 < argc && sscanf(argv[a + 1], "%d,%d", &tune_l2, &tune_st) == 2) {
             a++;
         } else {
             fprintf(stderr, "keel bench stream: unknown option '%s' (expected --quick, --sweep, --sweep-only, "
-                            "--tune L2BLOCK,STAGES, --prefetch S, --pdl, --split-target Q, --shapes A,B, --bits B,B)\n", argv[a]);
+                            "--tune L2BLOCK,STAGES, --prefetch S, --pdl, --split-target Q, --split-long on|off, --shapes A,B, --bits B,B)\n", argv[a]);
             return 2;
         }
     }

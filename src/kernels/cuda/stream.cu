@@ -72,6 +72,7 @@ constexpr int kQuad = 128;                /* k-split granularity: a multiple of 
 constexpr int kChunkUnit = 256;           /* x-chunks are multiples of every stage length */
 constexpr int kMaxRows = KEEL_CUDA_STREAM_MAX_ROWS;
 constexpr int kMaxStages = 8;             /* ring depth cap (cp.async.wait_group immediates up to 6) */
+constexpr int kLongSlice = 2048;        /* codes of a slice worth halving when the grid stays one wave */
 constexpr int kFoldMax = 64;              /* partials per output the last block adds itself (more: stream_finish) */
 constexpr int kWarpBytes = (kSmemBytes - kXBytes - kXSums * 4) / kWarps; /* a warp's table and ring */
 
@@ -631,7 +632,7 @@ size_t g_cnt_cap = 0;
 constexpr int kL2Block = 1; /* default: code copies ask L2 for whole 256-byte blocks */
 int g_l2_block = kL2Block, g_max_stages = kMaxStages, g_diag = 0;
 int g_pf_stages = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, g_pdl = KEEL_CUDA_STREAM_PDL_DEFAULT;
-int g_split_target = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
+int g_split_target = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT, g_split_long = KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT;
 int g_pdl_ok = -1; /* the device can launch programmatic dependents (sm_90+), once known */
 
 /* Whether launches go out as programmatic dependents: asked for, and the device has them (sm_90+). */
@@ -656,6 +657,17 @@ int sm_count(void) {
         KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
     }
     return g_sms;
+}
+
+int g_bps = 0; /* stream tiles an SM holds at once (the 4-bit bf16 tile's occupancy at its 64 KB block) */
+int blocks_per_sm(void) {
+    if (g_bps == 0) {
+        const void *fn = (const void *)stream_tile<4, false>;
+        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+        KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&g_bps, fn, kThreads, kSmemBytes));
+        if (g_bps < 1) g_bps = 1;
+    }
+    return g_bps;
 }
 
 /* Grows a device buffer to `need` bytes (zeroed when asked); a no-op once warm, so launches can be captured. */
@@ -791,7 +803,9 @@ extern "C" int keel_cuda_stream_splits(int n, int k, int items) {
      * 128-code quads. */
     const long long tiles = (long long)(n + kRowsPerBlock - 1) / kRowsPerBlock * (items > 1 ? items : 1),
                     sms = sm_count(), q = g_split_target;
-    if (4 * tiles >= q * sms) return 1;
+    /* enough blocks: a long slice still halves when both halves' blocks run in one wave (each warp's chain of
+     * stages is the time of a launch that fills the chip once) */
+    if (4 * tiles >= q * sms) return g_split_long && k >= kLongSlice && 2 * tiles <= blocks_per_sm() * sms ? 2 : 1;
     long long want = (q * sms + 4 * tiles - 1) / (4 * tiles);
     const long long nq = (k + kQuad - 1) / kQuad, most = k / (2 * kQuad) > 1 ? k / (2 * kQuad) : 1;
     if (want > nq) want = nq;
@@ -820,6 +834,8 @@ extern "C" bool keel_cuda_stream_prefetch(int chunk_stages) {
 extern "C" void keel_cuda_stream_pdl(int on) { g_pdl = on != 0; }
 
 extern "C" bool keel_cuda_stream_pdl_active(void) { return pdl_active(); }
+
+extern "C" void keel_cuda_stream_split_long(int on) { g_split_long = on != 0; }
 
 extern "C" bool keel_cuda_stream_split_target(int quarters) {
     if (quarters < 1 || quarters > 64) return false;
