@@ -99,9 +99,9 @@ template <int B, bool XF16> static bool probe_t(char *why, size_t cap) {
                  kThreads);
         return false;
     }
-    if ((size_t)optin < smem_bytes<B>() + fa.sharedSizeBytes) {
+    if ((size_t)optin < (size_t)kSmemBytes + fa.sharedSizeBytes) {
         snprintf(why, cap, "the %d-bit tile needs %zu bytes of shared memory, the device allows %d a block", B,
-                 smem_bytes<B>() + fa.sharedSizeBytes, optin);
+                 (size_t)kSmemBytes + fa.sharedSizeBytes, optin);
         return false;
     }
     return true;

@@ -40,6 +40,13 @@ static bool parse_count(const char *s, long lo, long hi, int *out) {
     return true;
 }
 
+/* "on" or "off" into *out (1 or 0); false for anything else. */
+static bool parse_onoff(const char *s, int *out) {
+    if (!s || (strcmp(s, "on") && strcmp(s, "off"))) return false;
+    *out = !strcmp(s, "on");
+    return true;
+}
+
 #ifdef KEEL_HAVE_CUDA
 /* At the first generated token, restarts the family counters so they cover decode steps only. */
 static int first_token_resets(void *user, int tok, int64_t pos) {
@@ -73,16 +80,15 @@ int keel_engine_bench_decode(int argc, char **argv) {
         } else if (!strcmp(o, "--context")) {
             if (!parse_count(v, 1, 1 << 24, &C)) return fail("--context '%s': expected 1..16777216%s", v ? v : "", "");
         } else if (!strcmp(o, "--graphs")) {
-            if (v && (!strcmp(v, "on") || !strcmp(v, "off"))) graphs = !strcmp(v, "on");
-            else return fail("--graphs '%s': expected on or off%s", v ? v : "", "");
+            int on = 0;
+            if (!parse_onoff(v, &on)) return fail("--graphs '%s': expected on or off%s", v ? v : "", "");
+            graphs = on;
         } else if (!strcmp(o, "--pdl")) {
-            if (v && (!strcmp(v, "on") || !strcmp(v, "off"))) pdl = !strcmp(v, "on");
-            else return fail("--pdl '%s': expected on or off%s", v ? v : "", "");
+            if (!parse_onoff(v, &pdl)) return fail("--pdl '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--prefetch")) {
             if (!parse_count(v, 0, 64, &prefetch)) return fail("--prefetch '%s': expected 0..64 stages%s", v ? v : "", "");
         } else if (!strcmp(o, "--split-long")) {
-            if (v && (!strcmp(v, "on") || !strcmp(v, "off"))) split_long = !strcmp(v, "on");
-            else return fail("--split-long '%s': expected on or off%s", v ? v : "", "");
+            if (!parse_onoff(v, &split_long)) return fail("--split-long '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--split-target")) {
             if (!parse_count(v, 1, 64, &split_q)) return fail("--split-target '%s': expected 1..64%s", v ? v : "", "");
         } else if (!strcmp(o, "--activations")) {

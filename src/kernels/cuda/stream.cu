@@ -621,9 +621,6 @@ __global__ void relu2_kernel(void *y, int bf16, size_t count) {
     }
 }
 
-/* Dynamic shared memory of one block: x fragments, x sums, each warp's (scale, bias) table and ring. */
-template <int B> constexpr size_t smem_bytes() { return (size_t)kSmemBytes; }
-
 int g_sms = 0;
 float *g_part = nullptr;    /* k-split and routed fc2 partials, grown (never shrunk) on a first launch of a size */
 size_t g_part_cap = 0;
@@ -659,11 +656,20 @@ int sm_count(void) {
     return g_sms;
 }
 
-int g_bps = 0; /* stream tiles an SM holds at once (the 4-bit bf16 tile's occupancy at its 64 KB block) */
+/* A tile's launch attributes: its 64 KB of dynamic shared memory, and all of the SM's shared memory for shared memory
+ * (as many blocks as fit). Set once per kernel before its first launch or occupancy query. */
+void tile_attrs(const void *fn) {
+    KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+#if !defined(__HIPCC__)
+    KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+#endif
+}
+
+int g_bps = 0; /* stream tiles an SM holds at once (the 4-bit bf16 tile's occupancy, attributes as launched) */
 int blocks_per_sm(void) {
     if (g_bps == 0) {
         const void *fn = (const void *)stream_tile<4, false>;
-        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+        tile_attrs(fn);
         KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&g_bps, fn, kThreads, kSmemBytes));
         if (g_bps < 1) g_bps = 1;
     }
@@ -687,14 +693,10 @@ void grow(void **buf, size_t *cap, size_t need, bool zero) {
 template <int B, bool XF16> void launch_t(const Params &P, unsigned blocks, cudaStream_t st) {
     static bool attr = false;
     if (!attr) {
-        const void *fn = (const void *)stream_tile<B, XF16>;
-        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes<B>()));
-#if !defined(__HIPCC__) /* all of the SM's shared memory for shared memory: as many blocks as fit */
-        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-#endif
+        tile_attrs((const void *)stream_tile<B, XF16>);
         attr = true;
     }
-    KP_LAUNCH(pdl_active(), (stream_tile<B, XF16>), dim3(blocks), dim3(kThreads), smem_bytes<B>(), st, P);
+    KP_LAUNCH(pdl_active(), (stream_tile<B, XF16>), dim3(blocks), dim3(kThreads), (size_t)kSmemBytes, st, P);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -798,9 +800,9 @@ extern "C" unsigned keel_cuda_stream_scratch_epoch(void) { return g_epoch; }
 #endif
 
 extern "C" int keel_cuda_stream_splits(int n, int k, int items) {
-    /* Split k only when the row tiles of the `items` matrices a launch brings (the stack's hint, never the launch's
-     * list) cannot give the SMs g_split_target / 4 blocks each; then that many blocks, slices of at least two
-     * 128-code quads. */
+    /* Split k when the row tiles of the `items` matrices a launch brings (the stack's hint, never the launch's list)
+     * cannot give the SMs g_split_target / 4 blocks each: then that many blocks, slices of at least two 128-code
+     * quads. Else, with g_split_long, a slice of kLongSlice+ codes halves when twice the blocks still fit the SMs. */
     const long long tiles = (long long)(n + kRowsPerBlock - 1) / kRowsPerBlock * (items > 1 ? items : 1),
                     sms = sm_count(), q = g_split_target;
     /* enough blocks: a long slice still halves when both halves' blocks run in one wave (each warp's chain of

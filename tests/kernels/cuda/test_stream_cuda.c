@@ -603,6 +603,16 @@ static void test_splits(void **state) {
     /* a hint of h splits as h such matrices side by side would (Nano's routed fc1: 29 row tiles, top-6) */
     assert_int_equal(keel_cuda_stream_splits(1856, 2688, 6), keel_cuda_stream_splits(6 * 1856, 2688, 1));
     assert_int_equal(keel_cuda_stream_splits(2688, 1856, 6), keel_cuda_stream_splits(6 * 2688, 1856, 1));
+    /* the long-slice rule only halves a shape the target left whole, and only a slice of 2048+ codes */
+    for (size_t i = 0; i < KEEL_ARRAY_LEN(shapes); i++) {
+        const int n = shapes[i][0], k = shapes[i][1];
+        keel_cuda_stream_split_long(0);
+        const int off = keel_cuda_stream_splits(n, k, 1);
+        keel_cuda_stream_split_long(1);
+        const int on = keel_cuda_stream_splits(n, k, 1);
+        assert_true(on == off || (off == 1 && on == 2 && k >= 2048));
+    }
+    keel_cuda_stream_split_long(KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT);
 }
 
 /* Routed fc2 with more partials per output than the last block adds itself (a second launch adds them): a token
