@@ -179,6 +179,10 @@ void keel_cuda_engine_set_window(keel_cuda_engine *e, int rows);
 void keel_cuda_engine_set_prompt_rows(keel_cuda_engine *e, int rows);
 /* Decode steps as a captured CUDA graph (default on) or launch by launch; the tokens are the same either way. */
 void keel_cuda_engine_set_graphs(keel_cuda_engine *e, bool on);
+/* Independent launches of a layer on a second stream beside the first (the shared expert beside the router and the
+ * routed experts; k and v beside q): 0 off, 1 on (default), 2 on with the second stream at the lowest priority.
+ * Scheduling only: the same bits either way. Other values: 1. Per-family profiling runs with it off. */
+void keel_cuda_engine_set_side(keel_cuda_engine *e, int mode);
 /* Benchmarks of long-context decode: keel_cuda_generate places its prompt at position pos (0: normal), the KV
  * cache holding zeros before it. */
 void keel_cuda_engine_set_start(keel_cuda_engine *e, int pos);

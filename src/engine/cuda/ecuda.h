@@ -30,6 +30,8 @@ void keel_ecu_event_free(void *ev);
 void keel_ecu_event_record(void *ev, void *st);
 float keel_ecu_event_ms(void *a, void *b); /* elapsed between two recorded events (synchronizes on b) */
 void *keel_ecu_stream_new(void);  /* a non-blocking stream: the engine's launches and graph captures */
+void *keel_ecu_stream_new_low(void); /* the same at the device's lowest priority */
+void keel_ecu_stream_wait(void *st, void *ev); /* st's later work waits for ev's last record (captured as an edge) */
 void keel_ecu_stream_free(void *st); /* accepts NULL */
 void *keel_ecu_host_alloc(size_t bytes); /* page-locked host memory (copies a graph can capture) */
 void keel_ecu_host_free(void *p);    /* accepts NULL */

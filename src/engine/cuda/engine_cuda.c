@@ -74,6 +74,9 @@ struct keel_cuda_engine {
         dmoe moe;
     } mtp;
     void *st;      /* the engine's stream: every launch, copy and graph capture */
+    void *side;    /* a second stream for a layer's independent launches, forked from and joined to st */
+    void *fork, *join; /* events: side waits for st's fork; st waits for side's join */
+    int side_mode; /* keel_cuda_engine_set_side */
     void *graph;   /* the captured one-token decode step, or NULL */
     bool graphs;   /* decode steps replay the captured graph (on by default) */
     bool warm;     /* one eager step has run: every launch's attributes and scratch are in place */
@@ -138,6 +141,7 @@ void keel_cuda_engine_profile(keel_cuda_engine *e, bool on) {
     if (on && !e->ev[0])
         for (int i = 0; i < 2 * PROF_PAIRS; i++) e->ev[i] = keel_ecu_event_new();
     if (e->prof) prof_flush(e);
+    if (e->prof && !on) e->warm = false; /* profiled steps ran one stream: warm the side stream's scratch again */
     e->prof = on;
     memset(e->fam_ms, 0, sizeof e->fam_ms);
     memset(e->fam_n, 0, sizeof e->fam_n);
@@ -358,6 +362,10 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     e->weight_bytes = wbytes;
     e->arena_bytes = c.off;
     e->st = keel_ecu_stream_new();
+    e->side = keel_ecu_stream_new();
+    e->side_mode = 1;
+    e->fork = keel_ecu_event_new();
+    e->join = keel_ecu_event_new();
     e->hpin = keel_ecu_host_alloc(4 * sizeof(int));
     e->graphs = true;
     size_t off = 0;
@@ -411,6 +419,12 @@ void keel_cuda_engine_free(keel_cuda_engine *e) {
     keel_ecu_graph_free(e->graph);
     for (int i = 0; i < 2 * PROF_PAIRS; i++) keel_ecu_event_free(e->ev[i]);
     keel_ecu_host_free(e->hpin);
+    if (e->side) keel_ecu_sync(e->side);
+    keel_ecu_event_free(e->fork);
+    keel_ecu_event_free(e->join);
+    if (e->st) keel_cuda_stream_scratch_release(e->st);
+    if (e->side) keel_cuda_stream_scratch_release(e->side);
+    keel_ecu_stream_free(e->side);
     keel_ecu_stream_free(e->st);
     keel_ecu_free(e->weights);
     keel_ecu_free(e->arena);
@@ -484,6 +498,20 @@ void keel_cuda_engine_set_graphs(keel_cuda_engine *e, bool on) {
     e->graphs = on;
 }
 
+void keel_cuda_engine_set_side(keel_cuda_engine *e, int mode) {
+    if (mode < 0 || mode > 2) mode = 1;
+    if (mode == e->side_mode) return;
+    drop_graph(e);
+    if ((mode == 2) != (e->side_mode == 2)) { /* the stream's priority is fixed at its creation */
+        keel_ecu_sync(e->side);
+        keel_cuda_stream_scratch_release(e->side);
+        keel_ecu_stream_free(e->side);
+        e->side = mode == 2 ? keel_ecu_stream_new_low() : keel_ecu_stream_new();
+        e->warm = false; /* the new stream's scratch grows on its first launches, outside a capture */
+    }
+    e->side_mode = mode;
+}
+
 keel_code keel_cuda_engine_set_activations(keel_cuda_engine *e, keel_dtype dt, keel_err *err) {
     if (dt != KEEL_DT_BF16 && dt != KEEL_DT_F32)
         return keel_err_set(err, KEEL_E_ARG, "activations %s: the CUDA engine takes BF16 (stream tiles) or F32",
@@ -497,14 +525,35 @@ keel_code keel_cuda_engine_set_activations(keel_cuda_engine *e, keel_dtype dt, k
 
 /* y = x . W^T: a stream tile on bf16 rows, or the fp32 matvec for a float matrix (fp32 rows when given) and for
  * every matrix in fp32 activations mode (which always gives fp32 rows). */
-static void mm(keel_cuda_engine *e, int fam, const keel_cuda_qw *W, const float *xf, const uint16_t *xb, int m,
-               void *y, keel_dtype ydt, keel_epilogue epi) {
+static void mm_on(keel_cuda_engine *e, void *st, int fam, const keel_cuda_qw *W, const float *xf, const uint16_t *xb,
+                  int m, void *y, keel_dtype ydt, keel_epilogue epi) {
     fam_begin(e, fam);
     KEEL_ASSERT(!e->f32 || xf);
     if (W->bits == 0 || e->f32)
-        keel_ecu_matvec(W, xf ? (const void *)xf : (const void *)xb, xf ? KEEL_DT_F32 : KEEL_DT_BF16, m, y, ydt, epi, e->st);
-    else keel_cuda_stream_matmul_rows(W, xb, KEEL_DT_BF16, m, y, ydt, epi, e->st); /* a prompt chunk, one launch */
+        keel_ecu_matvec(W, xf ? (const void *)xf : (const void *)xb, xf ? KEEL_DT_F32 : KEEL_DT_BF16, m, y, ydt, epi, st);
+    else keel_cuda_stream_matmul_rows(W, xb, KEEL_DT_BF16, m, y, ydt, epi, st); /* a prompt chunk, one launch */
     fam_end(e);
+}
+
+static void mm(keel_cuda_engine *e, int fam, const keel_cuda_qw *W, const float *xf, const uint16_t *xb, int m,
+               void *y, keel_dtype ydt, keel_epilogue epi) {
+    mm_on(e, e->st, fam, W, xf, xb, m, y, ydt, epi);
+}
+
+/* The stream for work independent of what st queues next: side, after everything st has queued (st itself when
+ * the side stream is off or families are being timed, which run one stream). */
+static void *fork_side(keel_cuda_engine *e) {
+    if (!e->side_mode || e->prof) return e->st;
+    keel_ecu_event_record(e->fork, e->st);
+    keel_ecu_stream_wait(e->side, e->fork);
+    return e->side;
+}
+
+/* st's later work waits for everything queued on side since fork_side. */
+static void join_side(keel_cuda_engine *e, void *side) {
+    if (side == e->st) return;
+    keel_ecu_event_record(e->join, side);
+    keel_ecu_stream_wait(e->st, e->join);
 }
 
 static void mamba(keel_cuda_engine *e, const dmamba *w, int slot, int m) {
@@ -532,9 +581,11 @@ static void mamba(keel_cuda_engine *e, const dmamba *w, int slot, int m) {
 static void attention(keel_cuda_engine *e, const dattn *w, float *kc, float *vc, const int *dp, int m) {
     const keel_config *g = e->cfg;
     const int kvd = g->n_kv_head * g->head_dim;
+    void *side = fork_side(e); /* k and v beside q */
+    mm_on(e, side, KEEL_CUF_PROJ, &w->k, e->xnf, e->xnb, m, e->kn, KEEL_DT_F32, KEEL_EPI_NONE);
+    mm_on(e, side, KEEL_CUF_PROJ, &w->v, e->xnf, e->xnb, m, e->vn, KEEL_DT_F32, KEEL_EPI_NONE);
     mm(e, KEEL_CUF_PROJ, &w->q, e->xnf, e->xnb, m, e->proj, KEEL_DT_F32, KEEL_EPI_NONE);
-    mm(e, KEEL_CUF_PROJ, &w->k, e->xnf, e->xnb, m, e->kn, KEEL_DT_F32, KEEL_EPI_NONE);
-    mm(e, KEEL_CUF_PROJ, &w->v, e->xnf, e->xnb, m, e->vn, KEEL_DT_F32, KEEL_EPI_NONE);
+    join_side(e, side);
     fam_begin(e, KEEL_CUF_ATTN);
     keel_ecu_kv_append(e->kn, e->vn, &w->kb, &w->vb, kc, vc, kvd, dp, m, e->st);
     keel_ecu_attn(e->proj, &w->qb, kc, vc, kvd, dp, m, g->n_head, g->n_kv_head, g->head_dim, e->max_ctx, e->ascratch,
@@ -543,21 +594,26 @@ static void attention(keel_cuda_engine *e, const dattn *w, float *kc, float *vc,
     mm(e, KEEL_CUF_PROJ, &w->o, e->f32 ? e->midf : NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
 }
 
-static void mlp(keel_cuda_engine *e, const dmlp *w, int m, float *out) {
+static void mlp_on(keel_cuda_engine *e, void *st, const dmlp *w, int m, float *out) {
     if (e->f32) {
-        mm(e, KEEL_CUF_PROJ, &w->up, e->xnf, e->xnb, m, e->midf, KEEL_DT_F32, KEEL_EPI_RELU2);
-        mm(e, KEEL_CUF_PROJ, &w->down, e->midf, NULL, m, out, KEEL_DT_F32, KEEL_EPI_NONE);
+        mm_on(e, st, KEEL_CUF_PROJ, &w->up, e->xnf, e->xnb, m, e->midf, KEEL_DT_F32, KEEL_EPI_RELU2);
+        mm_on(e, st, KEEL_CUF_PROJ, &w->down, e->midf, NULL, m, out, KEEL_DT_F32, KEEL_EPI_NONE);
         return;
     }
-    mm(e, KEEL_CUF_PROJ, &w->up, e->xnf, e->xnb, m, e->midb, KEEL_DT_BF16, KEEL_EPI_RELU2);
-    mm(e, KEEL_CUF_PROJ, &w->down, NULL, e->midb, m, out, KEEL_DT_F32, KEEL_EPI_NONE);
+    mm_on(e, st, KEEL_CUF_PROJ, &w->up, e->xnf, e->xnb, m, e->midb, KEEL_DT_BF16, KEEL_EPI_RELU2);
+    mm_on(e, st, KEEL_CUF_PROJ, &w->down, NULL, e->midb, m, out, KEEL_DT_F32, KEEL_EPI_NONE);
 }
 
-/* Routed experts one row at a time (each launch has top_k items, as a row alone has), then the shared expert. */
+static void mlp(keel_cuda_engine *e, const dmlp *w, int m, float *out) { mlp_on(e, e->st, w, m, out); }
+
+/* The shared expert on the side stream (its own scratch: midb or midf, mix2) beside the router and the routed
+ * experts (per 8-row group one launch over the union of its experts). */
 static void moe(keel_cuda_engine *e, const dmoe *w, int m) {
     const keel_config *g = e->cfg;
     const int H = g->hidden, K = g->top_k, E = g->n_experts;
     const int cap = KEEL_MIN(E, WIN * K);
+    void *side = g->n_shared > 0 ? fork_side(e) : e->st;
+    if (g->n_shared > 0) mlp_on(e, side, &w->shared, m, e->mix2);
     fam_begin(e, KEEL_CUF_ROUTER); /* logits, top-k, then the 8-row groups' unions */
     keel_ecu_matvec(&w->gate, e->xnf, KEEL_DT_F32, m, e->router, KEEL_DT_F32, KEEL_EPI_NONE, e->st);
     keel_ecu_route(e->router, &w->corr, E, K, g->n_group, g->topk_group, g->norm_topk_prob, g->routed_scaling, m,
@@ -581,7 +637,7 @@ static void moe(keel_cuda_engine *e, const dmoe *w, int m) {
         }
     }
     fam_end(e);
-    if (g->n_shared > 0) mlp(e, &w->shared, m, e->mix2);
+    join_side(e, side);
 }
 
 static const keel_ecu_vec *next_norm(const keel_cuda_engine *e, int l) {

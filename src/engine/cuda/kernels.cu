@@ -787,6 +787,16 @@ extern "C" void *keel_ecu_stream_new(void) {
     KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     return (void *)st;
 }
+extern "C" void *keel_ecu_stream_new_low(void) {
+    cudaStream_t st;
+    int least = 0, greatest = 0;
+    KEEL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    KEEL_CUDA_CHECK(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, least));
+    return (void *)st;
+}
+extern "C" void keel_ecu_stream_wait(void *st, void *ev) {
+    KEEL_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)st, (cudaEvent_t)ev, 0));
+}
 extern "C" void keel_ecu_stream_free(void *st) {
     if (st) KEEL_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)st));
 }

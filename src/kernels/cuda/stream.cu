@@ -622,10 +622,25 @@ __global__ void relu2_kernel(void *y, int bf16, size_t count) {
 }
 
 int g_sms = 0;
-float *g_part = nullptr;    /* k-split and routed fc2 partials, grown (never shrunk) on a first launch of a size */
-size_t g_part_cap = 0;
-unsigned *g_cnt = nullptr; /* arrival counters, zero between launches */
-size_t g_cnt_cap = 0;
+/* One stream's scratch: launches on one stream run in order, so they can share it; two streams need two. */
+struct Scratch {
+    cudaStream_t st;
+    float *part;   /* k-split and routed fc2 partials, grown (never shrunk) on a first launch of a size */
+    size_t part_cap;
+    unsigned *cnt; /* arrival counters, zero between launches */
+    size_t cnt_cap;
+};
+constexpr int kMaxScratch = 16; /* streams with scratch at once (keel_cuda_stream_scratch_release frees one) */
+Scratch g_scr[kMaxScratch];
+int g_n_scr = 0;
+
+Scratch *scratch_of(cudaStream_t st) {
+    for (int i = 0; i < g_n_scr; i++)
+        if (g_scr[i].st == st) return &g_scr[i];
+    KEEL_ASSERTF(g_n_scr < kMaxScratch, "stream tiles: scratch for more than %d streams at once", kMaxScratch);
+    g_scr[g_n_scr] = Scratch{st, nullptr, 0, nullptr, 0};
+    return &g_scr[g_n_scr++];
+}
 constexpr int kL2Block = 1; /* default: code copies ask L2 for whole 256-byte blocks */
 int g_l2_block = kL2Block, g_max_stages = kMaxStages, g_diag = 0;
 int g_pf_stages = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, g_pdl = KEEL_CUDA_STREAM_PDL_DEFAULT;
@@ -775,10 +790,11 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
     const bool partials = P.splits > 1 || P.mode == MODE_REDUCE;
     P.fold = P.mode == MODE_STORE || (long long)n_items * P.splits <= kFoldMax;
     if (partials) {
-        grow((void **)&g_part, &g_part_cap, (size_t)P.splits * n_items * kMaxRows * W->n * sizeof(float), false);
-        grow((void **)&g_cnt, &g_cnt_cap, (size_t)P.tiles * n_items * sizeof(unsigned), true);
-        P.part = g_part;
-        P.cnt = g_cnt;
+        Scratch *sc = scratch_of(st);
+        grow((void **)&sc->part, &sc->part_cap, (size_t)P.splits * n_items * kMaxRows * W->n * sizeof(float), false);
+        grow((void **)&sc->cnt, &sc->cnt_cap, (size_t)P.tiles * n_items * sizeof(unsigned), true);
+        P.part = sc->part;
+        P.cnt = sc->cnt;
     }
     const long long blocks = (long long)P.tiles * n_items * P.splits;
     KEEL_ASSERTF(blocks < (1ll << 31), "stream tile: %lld blocks", blocks);
@@ -797,6 +813,19 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
 
 #if !defined(keel_cuda_stream_matmul) /* the contract twin's copy keeps its own scratch and needs no epoch */
 extern "C" unsigned keel_cuda_stream_scratch_epoch(void) { return g_epoch; }
+
+extern "C" void keel_cuda_stream_scratch_release(void *stream) {
+    const cudaStream_t st = (cudaStream_t)stream;
+    for (int i = 0; i < g_n_scr; i++) {
+        if (g_scr[i].st != st) continue;
+        KEEL_CUDA_CHECK(cudaStreamSynchronize(st));
+        if (g_scr[i].part) KEEL_CUDA_CHECK(cudaFree(g_scr[i].part));
+        if (g_scr[i].cnt) KEEL_CUDA_CHECK(cudaFree(g_scr[i].cnt));
+        g_scr[i] = g_scr[--g_n_scr];
+        g_epoch++;
+        return;
+    }
+}
 #endif
 
 extern "C" int keel_cuda_stream_splits(int n, int k, int items) {

@@ -208,6 +208,48 @@ static void test_graphs_same_tokens(void **state) {
     keel_cuda_engine_free(e);
 }
 
+/* The second stream changes scheduling only: logits of windows and prompt chunks, MTP logits and graph-replayed
+ * greedy tokens are bit-identical with it off, on and at low priority. */
+static void test_side_stream_same_bits(void **state) {
+    fx *f = *state;
+    const keel_config *c = &f->model.cfg;
+    const int n = f->n_tok, V = c->vocab, H = c->hidden;
+    keel_cuda_engine *e = NULL;
+    keel_err err = {0};
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, 128, &err), KEEL_OK);
+    const size_t nl = (size_t)n * V;
+    float *logits[3], *mtp[3], *h = malloc((size_t)n * H * sizeof(float));
+    collect toks[3];
+    memset(toks, 0, sizeof toks);
+    const keel_gen_opts o = {.n_predict = 32, .samp = {.temp = 0.0f}};
+    for (int mode = 0; mode < 3; mode++) {
+        logits[mode] = calloc(nl * 2, sizeof(float));
+        mtp[mode] = calloc(nl, sizeof(float));
+        keel_cuda_engine_set_side(e, mode);
+        for (int w = 0; w < 2; w++) { /* exact 8-row windows, then 64-row prompt chunks */
+            keel_cuda_engine_reset(e);
+            keel_cuda_engine_set_window(e, w ? 64 : 8);
+            assert_int_equal(keel_cuda_engine_forward(e, f->tokens, n, logits[mode] + (size_t)w * nl, KEEL_LOGITS_ALL,
+                                                      w ? NULL : h, &err), KEEL_OK);
+        }
+        assert_int_equal(keel_cuda_engine_mtp(e, h, f->tokens + 1, n - 1, mtp[mode], NULL, &err), KEEL_OK);
+        keel_gen_result r;
+        keel_cuda_engine_set_graphs(e, true);
+        assert_int_equal(keel_cuda_generate(e, f->tokens, f->prompt_len, &o, on_token, &toks[mode], &r, &err), KEEL_OK);
+        assert_int_equal(toks[mode].n, 32);
+    }
+    for (int mode = 1; mode < 3; mode++) {
+        assert_memory_equal(logits[mode], logits[0], nl * 2 * sizeof(float));
+        assert_memory_equal(mtp[mode], mtp[0], (size_t)(n - 1) * V * sizeof(float));
+        assert_memory_equal(toks[mode].ids, toks[0].ids, sizeof toks[0].ids);
+    }
+    print_message("second stream off, on and at low priority: logits (8-row windows, 64-row chunks), MTP logits and "
+                  "32 graph-replayed greedy tokens bit-identical\n");
+    for (int mode = 0; mode < 3; mode++) free(logits[mode]), free(mtp[mode]);
+    free(h);
+    keel_cuda_engine_free(e);
+}
+
 static void test_mtp(void **state) {
     fx *f = *state;
     const keel_config *c = &f->model.cfg;
@@ -322,7 +364,8 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_teacher_forced), cmocka_unit_test(test_windows_bit_identical),
-        cmocka_unit_test(test_greedy),         cmocka_unit_test(test_graphs_same_tokens), cmocka_unit_test(test_mtp),
+        cmocka_unit_test(test_greedy),         cmocka_unit_test(test_graphs_same_tokens),
+        cmocka_unit_test(test_side_stream_same_bits), cmocka_unit_test(test_mtp),
         cmocka_unit_test(test_f32_activations), cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, tk_ref_setup, tk_ref_teardown);

@@ -745,6 +745,61 @@ static void test_graph_capture(void **state) {
 }
 
 /* The kernel lookup the gate-5 live check uses: every launched kernel by its audit name, NULL otherwise. */
+/* Split launches on two streams at once keep their own partials and counters: each stream's outputs equal the
+ * same launches run one at a time (with one scratch between them, overlapping launches would mix partials). */
+static void test_two_streams(void **state) {
+    (void)state;
+    qm a, b;
+    qm_make(&a, 300, 2688, 4, 64, KEEL_DT_BF16); /* both split k */
+    qm_make(&b, 256, 4096, 3, 64, KEEL_DT_BF16);
+    assert_true(keel_cuda_stream_splits(a.d.n, a.d.k, 0) > 1 && keel_cuda_stream_splits(b.d.n, b.d.k, 0) > 1);
+    enum { REPS = 48 };
+    void *dxa, *dxb;
+    uint16_t *xa = make_x(REPS, a.k, KEEL_DT_BF16, &dxa), *xb = make_x(REPS, b.k, KEEL_DT_BF16, &dxb);
+    const size_t na = (size_t)REPS * 300, nb = (size_t)REPS * 256;
+    float *dya = keel_cuda_malloc(na * 4), *dyb = keel_cuda_malloc(nb * 4);
+    float *wa = keel_xmalloc(na * 4), *wb = keel_xmalloc(nb * 4), *ga = keel_xmalloc(na * 4), *gb = keel_xmalloc(nb * 4);
+    for (int r = 0; r < REPS; r++) { /* one at a time on the default stream */
+        keel_cuda_stream_matmul(&a.d, (const uint16_t *)dxa + (size_t)r * a.k, KEEL_DT_BF16, 1, dya + (size_t)r * 300,
+                                KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+        keel_cuda_stream_matmul(&b.d, (const uint16_t *)dxb + (size_t)r * b.k, KEEL_DT_BF16, 1, dyb + (size_t)r * 256,
+                                KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+    }
+    keel_cuda_sync();
+    keel_cuda_download(wa, dya, na * 4);
+    keel_cuda_download(wb, dyb, nb * 4);
+    cudaStream_t s1, s2;
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    for (int round = 0; round < 2; round++) { /* the first round grows each stream's scratch, the second reuses it */
+        keel_cuda_memset(dya, 0xff, na * 4);
+        keel_cuda_memset(dyb, 0xff, nb * 4);
+        keel_cuda_sync();
+        for (int r = 0; r < REPS; r++) {
+            keel_cuda_stream_matmul(&a.d, (const uint16_t *)dxa + (size_t)r * a.k, KEEL_DT_BF16, 1,
+                                    dya + (size_t)r * 300, KEEL_DT_F32, KEEL_EPI_NONE, s1);
+            keel_cuda_stream_matmul(&b.d, (const uint16_t *)dxb + (size_t)r * b.k, KEEL_DT_BF16, 1,
+                                    dyb + (size_t)r * 256, KEEL_DT_F32, KEEL_EPI_NONE, s2);
+        }
+        CK(cudaStreamSynchronize(s1));
+        CK(cudaStreamSynchronize(s2));
+        keel_cuda_download(ga, dya, na * 4);
+        keel_cuda_download(gb, dyb, nb * 4);
+        assert_memory_equal(ga, wa, na * 4);
+        assert_memory_equal(gb, wb, nb * 4);
+    }
+    const unsigned ep = keel_cuda_stream_scratch_epoch();
+    keel_cuda_stream_scratch_release(s1);
+    keel_cuda_stream_scratch_release(s2);
+    assert_true(keel_cuda_stream_scratch_epoch() != ep); /* a graph holding the freed scratch is known stale */
+    CK(cudaStreamDestroy(s1));
+    CK(cudaStreamDestroy(s2));
+    print_message("two streams, %d split launches each at once: the bits of one launch at a time\n", REPS);
+    keel_cuda_free(dya), keel_cuda_free(dyb), keel_cuda_free(dxa), keel_cuda_free(dxb);
+    free(xa), free(xb), free(wa), free(wb), free(ga), free(gb);
+    qm_free(&a), qm_free(&b);
+}
+
 static void test_kernel_fn(void **state) {
     (void)state;
     const char *names[] = {"stream_tile<2,false>", "stream_tile<3,false>", "stream_tile<4,false>",
@@ -780,6 +835,7 @@ int main(void) {
         cmocka_unit_test(test_splits),
         cmocka_unit_test(test_finish_paths),
         cmocka_unit_test(test_graph_capture),
+        cmocka_unit_test(test_two_streams),
         cmocka_unit_test(test_kernel_fn),
     };
     const char *filter = getenv("KEEL_TEST_FILTER"); /* opt-in subset (e.g. under compute-sanitizer) */
