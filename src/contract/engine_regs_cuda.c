@@ -3,13 +3,14 @@
  * registration brings its own `run`; the gates mean what they mean for the tiles:
  *   1 a launch on the smallest shape reports no error and its outputs are finite
  *   2 every buffer sits between canary guards; after a launch on every shape the guards and the inputs are intact
- *   3 every output within its bound of the float64 reference (derived per kernel below, in units of 2^-24 of the
- *     magnitudes summed, plus the output's own rounding), two seeds and two distributions; integer outputs (chosen
- *     experts, argmax) exactly; float outputs that are all equal fail
+ *   3 every output within its bound of the float64 reference (derived per kernel in engine_refs_cuda.c, in units of
+ *     2^-24 of the magnitudes summed, plus the output's own rounding), two seeds and two distributions; integer
+ *     outputs (chosen experts, argmax) exactly; float outputs that are all equal fail
  *   4 two launches give the same bits; each row launched alone gives the bits of the window (row-wise kernels), and
  *     m one-token launches give the bits of one m-token launch (the Mamba conv and scan, whose state carries)
- * None fuses a sequence another registration covers except add_rmsnorm, which replaces the residual add and then
- * rmsnorm (compared at gate 3 against the float64 sequence). */
+ * Fused sequences: add_rmsnorm (the residual add, then rmsnorm) is compared at gate 3 against the float64 sequence.
+ * The fused router and the fused Mamba step are checked at gate 3 stage by stage (each stage against the float64
+ * reference of the inputs it was given), and at gate 4 against the three launches each replaces, bit for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,7 @@
 const char *const keel_contract_cuda_engine_entries[] = {
     "keel_ecu_embed", "keel_ecu_rmsnorm", "keel_ecu_add_rmsnorm", "keel_ecu_add_bias", "keel_ecu_matvec",
     "keel_ecu_conv",  "keel_ecu_ssm",     "keel_ecu_gate_norm",   "keel_ecu_route",
-    "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", "keel_ecu_route_union", NULL};
+    "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", "keel_ecu_route_union", "keel_ecu_router", "keel_ecu_mamba_step", NULL};
 
 #if !defined(KEEL_HAVE_CUDA)
 int keel_contract_register_cuda_engine(keel_contract_table *t) {
@@ -29,511 +30,7 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
 }
 #else
 #include "../engine/cuda/ecuda.h"
-
-#define U 0x1p-24
-#define GUARD KEEL_CONTRACT_GUARD
-#define MAXB 8
-/* The quantized fp32 matvec's roundings on one output: a 32-code unit's sums as four sequential partials of 8 and a
- * two-level tree (10), its scale and bias terms (2), the lane's units in order (one per 1024 codes), the warp's
- * five-level tree (5). */
-#define QMV_HOPS(k) (17 + ((k) + 1023) / 1024)
-#define BF16_UNIT 0x1p-8 /* bf16 keeps 8 significant bits: rounding to nearest errs by at most 2^-8 |v| */
-
-enum { K_EMBED, K_RMSNORM, K_ADDNORM, K_ADDBIAS, K_MATVEC_F, K_MATVEC_Q, K_CONV, K_SSM, K_GATENORM, K_ROUTE,
-       K_ARGMAX, K_ROUTED_UP, K_ROUTED_DOWN, K_COMBINE, K_UNION, K_N };
-enum { R_IN, R_OUT, R_STATE, R_SCRATCH };
-
-typedef struct buf {
-    keel_dtype dt;
-    size_t n, row; /* elements; elements per row when row-wise (0: one block for every row) */
-    int role;
-    void *h;       /* host values */
-    keel_contract_gbuf g; /* its guarded backend copy */
-} buf;
-
-typedef struct ecase {
-    int kind, m, n, k; /* n, k: the shape's widths (meaning per kind) */
-    int nb;
-    buf b[MAXB];
-} ecase;
-
-
-/* ---- cases ---- */
-
-/* Per kind: the Mamba geometry used at every shape, the router's and the routed matvec's counts. */
-enum { S_P = 16, S_N = 48, S_G = 2, C_K = 4, R_K1 = 6, R_K2 = 4, X_E = 4, X_K = 2 };
-
-static void add(ecase *c, keel_dtype dt, size_t n, size_t row, int role) {
-    KEEL_ASSERT(c->nb < MAXB);
-    c->b[c->nb++] = (buf){.dt = dt, .n = n, .row = row, .role = role, .h = keel_xcalloc(n + 1, 8)};
-}
-
-static void case_free(ecase *c) {
-    for (int i = 0; i < c->nb; i++) free(c->b[i].h);
-    memset(c, 0, sizeof *c);
-}
-
-static double hget(const buf *b, size_t i) {
-    if (b->dt == KEEL_DT_I32) return ((const int32_t *)b->h)[i];
-    if (b->dt == KEEL_DT_U32) return ((const uint32_t *)b->h)[i];
-    return keel_dtype_get_f32(b->dt, b->h, i);
-}
-static void hset(buf *b, size_t i, double v) {
-    if (b->dt == KEEL_DT_I32) ((int32_t *)b->h)[i] = (int32_t)v;
-    else if (b->dt == KEEL_DT_U32) ((uint32_t *)b->h)[i] = (uint32_t)v;
-    else keel_dtype_set_f32(b->dt, b->h, i, (float)v);
-}
-
-/* Buffers of each kind, in the order the launch and the reference read them. */
-static void layout(ecase *c) {
-    const size_t m = (size_t)c->m, n = (size_t)c->n, k = (size_t)c->k;
-    switch (c->kind) {
-    case K_EMBED: /* n = vocab, k = hidden; 6-bit g64 */
-        add(c, KEEL_DT_U32, n * k * 6 / 32, 0, R_IN), add(c, KEEL_DT_BF16, n * k / 64, 0, R_IN);
-        add(c, KEEL_DT_BF16, n * k / 64, 0, R_IN), add(c, KEEL_DT_I32, m, 1, R_IN);
-        add(c, KEEL_DT_F32, m * k, k, R_OUT);
-        break;
-    case K_RMSNORM:
-        add(c, KEEL_DT_F32, m * n, n, R_IN), add(c, KEEL_DT_BF16, n, 0, R_IN);
-        add(c, KEEL_DT_F32, m * n, n, R_OUT), add(c, KEEL_DT_BF16, m * n, n, R_OUT);
-        break;
-    case K_ADDNORM:
-        add(c, KEEL_DT_F32, m * n, n, R_STATE), add(c, KEEL_DT_F32, m * n, n, R_IN);
-        add(c, KEEL_DT_F32, m * n, n, R_IN), add(c, KEEL_DT_BF16, n, 0, R_IN), add(c, KEEL_DT_BF16, n, 0, R_IN);
-        add(c, KEEL_DT_F32, m * n, n, R_OUT), add(c, KEEL_DT_BF16, m * n, n, R_OUT);
-        break;
-    case K_ADDBIAS: add(c, KEEL_DT_F32, m * n, n, R_STATE), add(c, KEEL_DT_BF16, n, 0, R_IN); break;
-    case K_MATVEC_F: /* n outputs over k, BF16 weights */
-        add(c, KEEL_DT_BF16, n * k, 0, R_IN), add(c, KEEL_DT_F32, m * k, k, R_IN), add(c, KEEL_DT_F32, m * n, n, R_OUT);
-        break;
-    case K_MATVEC_Q: /* 4-bit g64, BF16 scales */
-        add(c, KEEL_DT_U32, n * k * 4 / 32, 0, R_IN), add(c, KEEL_DT_BF16, n * k / 64, 0, R_IN);
-        add(c, KEEL_DT_BF16, n * k / 64, 0, R_IN), add(c, KEEL_DT_F32, m * k, k, R_IN);
-        add(c, KEEL_DT_F32, m * n, n, R_OUT);
-        break;
-    case K_CONV: /* n channels; proj rows n + 8 wide, the conv input at column 8 */
-        add(c, KEEL_DT_F32, m * (n + 8), n + 8, R_IN), add(c, KEEL_DT_F32, (C_K - 1) * n, 0, R_STATE);
-        add(c, KEEL_DT_BF16, n * C_K, 0, R_IN), add(c, KEEL_DT_BF16, n, 0, R_IN), add(c, KEEL_DT_F32, m * n, n, R_OUT);
-        break;
-    case K_SSM: { /* n heads of S_P, state S_N, S_G groups; xbc = x | B | C; proj rows n + 4, dt at column 4 */
-        const size_t di = n * S_P, cd = di + 2 * S_G * S_N;
-        add(c, KEEL_DT_F32, m * cd, cd, R_IN), add(c, KEEL_DT_F32, m * (n + 4), n + 4, R_IN);
-        add(c, KEEL_DT_F32, n * S_P * S_N, 0, R_STATE), add(c, KEEL_DT_BF16, n, 0, R_IN);
-        add(c, KEEL_DT_F32, n, 0, R_IN), add(c, KEEL_DT_BF16, n, 0, R_IN), add(c, KEEL_DT_F32, m * di, di, R_OUT);
-        break;
-    }
-    case K_GATENORM: /* n = d_inner in S_G groups; bf16 and fp32 outputs */
-        add(c, KEEL_DT_F32, m * n, n, R_IN), add(c, KEEL_DT_F32, m * n, n, R_IN), add(c, KEEL_DT_BF16, n, 0, R_IN);
-        add(c, KEEL_DT_BF16, m * n, n, R_OUT), add(c, KEEL_DT_F32, m * n, n, R_OUT);
-        break;
-    case K_ROUTED_UP:
-    case K_ROUTED_DOWN: { /* X_E experts of (n, k) at 4 bits g64, X_K items a row; down reads one x row per item */
-        const size_t xr = c->kind == K_ROUTED_DOWN ? X_K * k : k;
-        add(c, KEEL_DT_U32, X_E * n * k * 4 / 32, 0, R_IN), add(c, KEEL_DT_BF16, X_E * n * k / 64, 0, R_IN);
-        add(c, KEEL_DT_BF16, X_E * n * k / 64, 0, R_IN), add(c, KEEL_DT_F32, m * xr, xr, R_IN);
-        add(c, KEEL_DT_I32, m * X_K, X_K, R_IN), add(c, KEEL_DT_F32, m * X_K * n, X_K * n, R_OUT);
-        break;
-    }
-    case K_COMBINE: /* n wide, R_K1 slots */
-        add(c, KEEL_DT_F32, m * R_K1 * n, R_K1 * n, R_IN), add(c, KEEL_DT_F32, m * R_K1 * 8, R_K1 * 8, R_IN);
-        add(c, KEEL_DT_F32, m * n, n, R_OUT);
-        break;
-    case K_ROUTE: { /* n experts, k = top_k in one group (the group filter's sums tie in float where they do not in
-                     * float64, so the filter is covered by tests/engine/test_route.c's definition, not here) */
-        add(c, KEEL_DT_F32, m * n, n, R_IN), add(c, KEEL_DT_F32, n, 0, R_IN);
-        add(c, KEEL_DT_U32, m * k * 2, k * 2, R_OUT), add(c, KEEL_DT_F32, m * k * 8, k * 8, R_OUT);
-        add(c, KEEL_DT_I32, m * k, k, R_OUT);
-        break;
-    }
-    case K_ARGMAX: add(c, KEEL_DT_F32, n, 0, R_IN), add(c, KEEL_DT_I32, 1, 0, R_OUT); break;
-    case K_UNION: { /* n experts, k = top_k; per group of 8 rows cap = min(n, 8k) items */
-        const size_t cap = (size_t)KEEL_MIN(n, 8 * k), groups = (m + 7) / 8;
-        add(c, KEEL_DT_I32, m * k, k, R_IN), add(c, KEEL_DT_F32, m * k * 8, k * 8, R_IN);
-        add(c, KEEL_DT_U32, groups * cap * 2, 0, R_OUT), add(c, KEEL_DT_F32, groups * cap * 8, 0, R_OUT);
-        break;
-    }
-    }
-}
-
-/* Inputs: dist 0 normal, 1 large magnitude (x 64); integers, codes and routing logits on grids with ties. */
-static void generate(ecase *c, uint64_t seed, int dist) {
-    keel_contract_rng r = {seed * 0x9e3779b97f4a7c15ull + 0x1234567ull + (uint64_t)c->kind};
-    const double big = dist ? 64.0 : 1.0;
-    for (int i = 0; i < c->nb; i++) {
-        buf *b = &c->b[i];
-        if (b->role == R_OUT || b->role == R_SCRATCH) continue;
-        for (size_t j = 0; j < b->n; j++) {
-            double v;
-            if (b->dt == KEEL_DT_U32) v = (double)(uint32_t)(keel_contract_runif(&r) * 4294967296.0);
-            else if (b->dt == KEEL_DT_I32) v = (double)(int)(keel_contract_runif(&r) * c->n);
-            else v = keel_contract_rnorm(&r) * big;
-            hset(b, j, v);
-        }
-    }
-    switch (c->kind) {
-    case K_ROUTED_UP:
-    case K_ROUTED_DOWN:
-        for (size_t j = 0; j < c->b[4].n; j++) hset(&c->b[4], j, (double)(int)(keel_contract_runif(&r) * X_E));
-        /* fall through */
-    case K_EMBED:
-    case K_MATVEC_Q: /* scales positive and small, biases negative: dequantized values of both signs */
-        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, 0.01 + 0.02 * keel_contract_runif(&r)), hset(&c->b[2], j, -0.1 * keel_contract_runif(&r));
-        break;
-    case K_RMSNORM:
-    case K_GATENORM: hset(&c->b[c->kind == K_RMSNORM ? 1 : 2], 0, 1.5); break;
-    case K_CONV:
-        for (size_t j = 0; j < c->b[2].n; j++) hset(&c->b[2], j, 0.5 * keel_contract_rnorm(&r));
-        break;
-    case K_SSM: /* dt raw around 0, A_log in [-1, 1], the state from earlier tokens */
-        for (size_t j = 0; j < (size_t)c->n; j++)
-            hset(&c->b[3], j, 0.5 * keel_contract_rnorm(&r)), hset(&c->b[4], j, 2.0 * keel_contract_runif(&r) - 1.0), hset(&c->b[5], j, keel_contract_rnorm(&r));
-        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, keel_contract_rnorm(&r));
-        break;
-    case K_ROUTE: /* logits on a grid of 1/16 in [-2, 2] and correction bias on 1/8: exact ties occur */
-        for (size_t j = 0; j < c->b[0].n; j++) hset(&c->b[0], j, floor(keel_contract_runif(&r) * 65.0) / 16.0 - 2.0);
-        for (size_t j = 0; j < c->b[1].n; j++) hset(&c->b[1], j, floor(keel_contract_runif(&r) * 3.0) / 8.0 - 0.125);
-        break;
-    case K_UNION: /* each row's k experts distinct, as the router picks them */
-        for (int row = 0; row < c->m; row++) {
-            int perm[1024];
-            for (int i = 0; i < c->n; i++) perm[i] = i;
-            for (int j = 0; j < c->k; j++) {
-                const int pick = j + (int)(keel_contract_runif(&r) * (c->n - j)), t = perm[j];
-                perm[j] = perm[pick], perm[pick] = t;
-                hset(&c->b[0], (size_t)row * c->k + j, perm[j]);
-            }
-        }
-        break;
-    case K_ARGMAX: { /* the maximum twice, a NaN first */
-        const size_t n = (size_t)c->n, a = n / 3, b = 2 * n / 3;
-        hset(&c->b[0], a, 1000.0), hset(&c->b[0], b, 1000.0), ((float *)c->b[0].h)[0] = NAN;
-        break;
-    }
-    }
-}
-
-/* ---- float64 references and bounds (ref[i], bnd[i] per output element; outputs in buffer order) ---- */
-
-static double vget(const buf *b, size_t i) { return hget(b, i); }
-static int ceil_log2(int n) {
-    int l = 0;
-    while ((1 << l) < n) l++;
-    return l;
-}
-
-static double silu(double v) { return v / (1.0 + exp(-v)); }
-static double softplus(double v) { return v > 0 ? v + log1p(exp(-v)) : log1p(exp(v)); }
-/* The output's own rounding: relative to its magnitude, plus the smallest normal for values under fp32's range. */
-static double out_round(keel_dtype dt, double v, double err) {
-    return dt == KEEL_DT_BF16 ? BF16_UNIT * (fabs(v) + err) + 0x1p-126
-         : dt == KEEL_DT_F32  ? U * (fabs(v) + err) + 0x1p-126
-                              : 0.0;
-}
-
-/* Row-wise RMSNorm of x (n) times w into ref; err_in: the bound on each x's error. */
-static void norm_ref(const double *x, const double *err_in, const buf *w, int n, double eps, double *ref,
-                     double *bnd, keel_dtype dt) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    const double inv = 1.0 / sqrt(ss / n + eps);
-    for (int i = 0; i < n; i++) {
-        ref[i] = x[i] * inv * vget(w, (size_t)i);
-        double e = (ceil_log2(n) + 10) * U * fabs(ref[i]) + 2.0 * (err_in ? err_in[i] : 0.0) * inv * fabs(vget(w, (size_t)i));
-        bnd[i] = e + out_round(dt, ref[i], e);
-    }
-}
-
-static size_t n_out(const ecase *c) {
-    size_t t = 0;
-    for (int i = 0; i < c->nb; i++)
-        if (c->b[i].role == R_OUT || c->b[i].role == R_STATE) t += c->b[i].n;
-    return t;
-}
-
-static void reference(const ecase *c, double *ref, double *bnd) {
-    const int m = c->m, n = c->n, k = c->k;
-    const double eps = 1e-5;
-    memset(bnd, 0, n_out(c) * sizeof(double));
-    switch (c->kind) {
-    case K_EMBED: {
-        const uint32_t *w = c->b[0].h;
-        const int *tok = c->b[3].h;
-        for (int r = 0; r < m; r++)
-            for (int j = 0; j < k; j++) {
-                const uint32_t *row = w + (size_t)tok[r] * keel_quant_row_words(k, 6);
-                const size_t g = (size_t)tok[r] * (k / 64) + j / 64;
-                const double sq = vget(&c->b[1], g) * keel_quant_code(row, 6, j), b = vget(&c->b[2], g);
-                ref[(size_t)r * k + j] = sq + b;
-                bnd[(size_t)r * k + j] = 2 * U * (fabs(sq) + fabs(b));
-            }
-        break;
-    }
-    case K_RMSNORM: {
-        double *x = keel_xmalloc((size_t)n * sizeof(double));
-        for (int r = 0; r < m; r++) {
-            for (int i = 0; i < n; i++) x[i] = vget(&c->b[0], (size_t)r * n + i);
-            norm_ref(x, NULL, &c->b[1], n, eps, ref + (size_t)r * n, bnd + (size_t)r * n, KEEL_DT_F32);
-            norm_ref(x, NULL, &c->b[1], n, eps, ref + (size_t)(m + r) * n, bnd + (size_t)(m + r) * n, KEEL_DT_BF16);
-        }
-        free(x);
-        break;
-    }
-    case K_ADDNORM: { /* state x first, then yf, yb */
-        double *x = keel_xmalloc((size_t)n * sizeof(double)), *e = keel_xmalloc((size_t)n * sizeof(double));
-        for (int r = 0; r < m; r++) {
-            for (int i = 0; i < n; i++) {
-                const size_t j = (size_t)r * n + i;
-                const double x0 = vget(&c->b[0], j), a = vget(&c->b[1], j), b = vget(&c->b[2], j), bi = vget(&c->b[3], i);
-                x[i] = x0 + (a + b + bi);
-                e[i] = 3 * U * (fabs(x0) + fabs(a) + fabs(b) + fabs(bi));
-                ref[j] = x[i], bnd[j] = e[i];
-            }
-            norm_ref(x, e, &c->b[4], n, eps, ref + (size_t)(m + r) * n, bnd + (size_t)(m + r) * n, KEEL_DT_F32);
-            norm_ref(x, e, &c->b[4], n, eps, ref + (size_t)(2 * m + r) * n, bnd + (size_t)(2 * m + r) * n, KEEL_DT_BF16);
-        }
-        free(x), free(e);
-        break;
-    }
-    case K_ADDBIAS:
-        for (int r = 0; r < m; r++)
-            for (int i = 0; i < n; i++) {
-                const size_t j = (size_t)r * n + i;
-                ref[j] = vget(&c->b[0], j) + vget(&c->b[1], i);
-                bnd[j] = U * (fabs(vget(&c->b[0], j)) + fabs(vget(&c->b[1], i)));
-            }
-        break;
-    case K_MATVEC_F:
-    case K_MATVEC_Q: {
-        const bool q = c->kind == K_MATVEC_Q;
-        const int xb = q ? 3 : 1;
-        for (int r = 0; r < m; r++)
-            for (int o = 0; o < n; o++) {
-                double acc = 0, mag = 0;
-                for (int g = 0; g < k / 64; g++) {
-                    double sxq = 0, sx = 0, ax = 0, axq = 0;
-                    for (int j = g * 64; j < g * 64 + 64; j++) {
-                        const double xv = vget(&c->b[xb], (size_t)r * k + j);
-                        const double wv = q ? keel_quant_code((const uint32_t *)c->b[0].h + (size_t)o * (k / 8), 4, j)
-                                            : vget(&c->b[0], (size_t)o * k + j);
-                        sxq += xv * wv, sx += xv, axq += fabs(xv * wv), ax += fabs(xv);
-                    }
-                    if (q) {
-                        const double s = vget(&c->b[1], (size_t)o * (k / 64) + g), b = vget(&c->b[2], (size_t)o * (k / 64) + g);
-                        acc += s * sxq + b * sx, mag += fabs(s) * axq + fabs(b) * ax;
-                    } else {
-                        acc += sxq, mag += axq;
-                    }
-                }
-                const size_t j = (size_t)r * n + o;
-                ref[j] = acc;
-                bnd[j] = (q ? QMV_HOPS(k) : (k / 32 + 6)) * U * mag + U * fabs(acc);
-            }
-        break;
-    }
-    case K_CONV: { /* state first ((K-1) x n), then out (m x n) */
-        const int ld = n + 8;
-        for (int ch = 0; ch < n; ch++) {
-            double h[C_K], w[C_K];
-            for (int j = 0; j < C_K - 1; j++) h[j] = vget(&c->b[1], (size_t)j * n + ch);
-            for (int j = 0; j < C_K; j++) w[j] = vget(&c->b[2], (size_t)ch * C_K + j);
-            const double b = vget(&c->b[3], ch);
-            for (int r = 0; r < m; r++) {
-                const double in = vget(&c->b[0], (size_t)r * ld + 8 + ch);
-                double acc = b, mag = fabs(b);
-                for (int j = 0; j < C_K - 1; j++) acc += w[j] * h[j], mag += fabs(w[j] * h[j]);
-                acc += w[C_K - 1] * in, mag += fabs(w[C_K - 1] * in);
-                const size_t o = (size_t)(C_K - 1) * n + (size_t)r * n + ch;
-                ref[o] = silu(acc);
-                bnd[o] = 1.1 * (2 * C_K + 2) * U * mag + 8 * U * fabs(ref[o]);
-                for (int j = 0; j + 1 < C_K - 1; j++) h[j] = h[j + 1];
-                h[C_K - 2] = in;
-            }
-            for (int j = 0; j < C_K - 1; j++) ref[(size_t)j * n + ch] = h[j];
-        }
-        break;
-    }
-    case K_SSM: { /* state first (NH x P x N), then y (m x NH*P) */
-        const int NH = n, DI = NH * S_P, CD = DI + 2 * S_G * S_N, ld = NH + 4;
-        const size_t ns = (size_t)NH * S_P * S_N;
-        double *es = keel_xcalloc(ns, sizeof(double));
-        for (size_t i = 0; i < ns; i++) ref[i] = vget(&c->b[2], i);
-        for (int r = 0; r < m; r++) {
-            const size_t xr = (size_t)r * CD;
-            for (int h = 0; h < NH; h++) {
-                const int grp = h / (NH / S_G);
-                const double dt = softplus(vget(&c->b[1], (size_t)r * ld + 4 + h) + vget(&c->b[3], h));
-                const double A = -exp(vget(&c->b[4], h)), dA = exp(A * dt), D = vget(&c->b[5], h);
-                const double edA = dA * (fabs(A * dt) * 10 * U + 4 * U);
-                for (int p = 0; p < S_P; p++) {
-                    const double xv = vget(&c->b[0], xr + (size_t)h * S_P + p), xdt = xv * dt;
-                    double acc = 0, mag = 0, eacc = 0;
-                    for (int q = 0; q < S_N; q++) {
-                        const size_t si = ((size_t)h * S_P + p) * S_N + q;
-                        const double B = vget(&c->b[0], xr + DI + (size_t)grp * S_N + q);
-                        const double Cq = vget(&c->b[0], xr + DI + (size_t)S_G * S_N + (size_t)grp * S_N + q);
-                        const double s0 = ref[si];
-                        ref[si] = dA * s0 + xdt * B;
-                        es[si] = dA * es[si] + edA * fabs(s0) + 8 * U * (fabs(dA * s0) + fabs(xdt * B));
-                        acc += ref[si] * Cq, mag += fabs(ref[si] * Cq), eacc += es[si] * fabs(Cq);
-                    }
-                    const size_t yo = ns + (size_t)r * DI + (size_t)h * S_P + p;
-                    ref[yo] = acc + D * xv;
-                    bnd[yo] = eacc + (S_N / 32 + 8) * U * mag + 3 * U * fabs(D * xv) + U * fabs(ref[yo]);
-                }
-            }
-        }
-        for (size_t i = 0; i < ns; i++) bnd[i] = es[i] + U * fabs(ref[i]);
-        free(es);
-        break;
-    }
-    case K_GATENORM: {
-        const int gs = n / S_G;
-        double *v = keel_xmalloc((size_t)gs * sizeof(double)), *e = keel_xmalloc((size_t)gs * sizeof(double));
-        for (int r = 0; r < m; r++)
-            for (int q = 0; q < S_G; q++) {
-                for (int i = 0; i < gs; i++) {
-                    const size_t j = (size_t)r * n + (size_t)q * gs + i;
-                    const double z = vget(&c->b[1], j);
-                    v[i] = vget(&c->b[0], j) * silu(z);
-                    /* fp32 silu is z / (1 + expf(-z)): once expf overflows (z below -88.7) it is 0, not z*e^z */
-                    e[i] = 8 * U * fabs(v[i]) + (z < -88.0 ? fabs(v[i]) : 0.0) + 0x1p-126;
-                }
-                buf w = c->b[2];
-                w.h = (uint16_t *)c->b[2].h + (size_t)q * gs;
-                norm_ref(v, e, &w, gs, eps, ref + (size_t)r * n + (size_t)q * gs, bnd + (size_t)r * n + (size_t)q * gs,
-                         KEEL_DT_BF16);
-                norm_ref(v, e, &w, gs, eps, ref + (size_t)(m + r) * n + (size_t)q * gs,
-                         bnd + (size_t)(m + r) * n + (size_t)q * gs, KEEL_DT_F32);
-            }
-        free(v), free(e);
-        break;
-    }
-    case K_ROUTE: { /* items (expert, mask) pairs, weights [item][8], sel */
-        const int E = n, K = k, G = K == R_K1 ? 1 : 4, TG = K == R_K1 ? 1 : 2;
-        double *sg = keel_xmalloc((size_t)E * sizeof(double)), *b = keel_xmalloc((size_t)E * sizeof(double));
-        const size_t o_items = 0, o_w = (size_t)m * K * 2, o_sel = o_w + (size_t)m * K * 8;
-        for (int r = 0; r < m; r++) {
-            for (int i = 0; i < E; i++) {
-                sg[i] = 1.0 / (1.0 + exp(-vget(&c->b[0], (size_t)r * E + i)));
-                b[i] = sg[i] + vget(&c->b[1], i);
-            }
-            if (G > 1) {
-                const int per = E / G;
-                double gs[64];
-                bool keep[64] = {false};
-                for (int q = 0; q < G; q++) {
-                    double t1 = -INFINITY, t2 = -INFINITY;
-                    for (int i = q * per; i < (q + 1) * per; i++)
-                        if (b[i] > t1) t2 = t1, t1 = b[i];
-                        else if (b[i] > t2) t2 = b[i];
-                    gs[q] = t1 + t2;
-                }
-                for (int t = 0; t < TG; t++) {
-                    int best = -1;
-                    for (int q = 0; q < G; q++)
-                        if (!keep[q] && (best < 0 || gs[q] > gs[best])) best = q;
-                    keep[best] = true;
-                }
-                for (int i = 0; i < E; i++)
-                    if (!keep[i / per]) b[i] = 0.0;
-            }
-            bool *used = keel_xcalloc((size_t)E, sizeof(bool)); /* one flag an expert: E may exceed 64 */
-            int sel[64];
-            double sum = 0;
-            for (int t = 0; t < K; t++) {
-                int best = -1;
-                for (int i = 0; i < E; i++)
-                    if (!used[i] && (best < 0 || b[i] > b[best])) best = i;
-                used[best] = true, sel[t] = best, sum += sg[best];
-            }
-            for (int t = 0; t < K; t++) {
-                const size_t it = (size_t)r * K + t;
-                ref[o_items + it * 2] = sel[t], ref[o_items + it * 2 + 1] = 1, ref[o_sel + it] = sel[t];
-                for (int j = 0; j < 8; j++) {
-                    const double w = j == 0 ? sg[sel[t]] / (sum + 1e-20) * 2.5 : 0.0;
-                    ref[o_w + it * 8 + j] = w, bnd[o_w + it * 8 + j] = (K + 12) * U * fabs(w);
-                }
-            }
-            free(used);
-        }
-        free(sg), free(b);
-        break;
-    }
-    case K_ROUTED_UP:
-    case K_ROUTED_DOWN: {
-        const bool down = c->kind == K_ROUTED_DOWN;
-        const int *sel = c->b[4].h;
-        const size_t xrow = down ? (size_t)X_K * k : (size_t)k;
-        for (int r = 0; r < m; r++)
-            for (int it = 0; it < X_K; it++)
-                for (int o = 0; o < n; o++) {
-                    const int ex = sel[r * X_K + it];
-                    const size_t row = (size_t)ex * n + o, x0 = (size_t)r * xrow + (down ? (size_t)it * k : 0);
-                    double acc = 0, mag = 0;
-                    for (int g = 0; g < k / 64; g++) {
-                        double sxq = 0, sx = 0, ax = 0, axq = 0;
-                        for (int j = g * 64; j < g * 64 + 64; j++) {
-                            const double xv = vget(&c->b[3], x0 + j);
-                            const double qv = keel_quant_code((const uint32_t *)c->b[0].h + row * (k / 8), 4, j);
-                            sxq += xv * qv, sx += xv, axq += fabs(xv * qv), ax += fabs(xv);
-                        }
-                        const double sc = vget(&c->b[1], row * (k / 64) + g), bi = vget(&c->b[2], row * (k / 64) + g);
-                        acc += sc * sxq + bi * sx, mag += fabs(sc) * axq + fabs(bi) * ax;
-                    }
-                    const size_t j = ((size_t)r * X_K + it) * n + o;
-                    ref[j] = down ? acc : (acc > 0 ? acc * acc : 0.0);
-                    const double e = QMV_HOPS(k) * U * mag + U * fabs(acc);
-                    bnd[j] = down ? e : acc > -e ? (2 * fmax(acc, 0.0) + e) * e + U * ref[j] : 0.0;
-                }
-        break;
-    }
-    case K_COMBINE:
-        for (int r = 0; r < m; r++)
-            for (int i = 0; i < n; i++) {
-                double acc = 0, mag = 0;
-                for (int s = 0; s < R_K1; s++) {
-                    const double w = vget(&c->b[1], ((size_t)r * R_K1 + s) * 8), y = vget(&c->b[0], ((size_t)r * R_K1 + s) * n + i);
-                    acc += w * y, mag += fabs(w * y);
-                }
-                ref[(size_t)r * n + i] = acc, bnd[(size_t)r * n + i] = 2 * R_K1 * U * mag;
-            }
-        break;
-    case K_UNION: { /* exact: items (expert, mask) in ascending expert order, then (0, 0); weights [item][row] */
-        const int K = k, cap = KEEL_MIN(n, 8 * K), groups = (m + 7) / 8;
-        const int *sel = c->b[0].h;
-        const size_t o_w = (size_t)groups * cap * 2;
-        for (int g = 0; g < groups; g++) {
-            int at = 0;
-            for (int ex = 0; ex < n; ex++) {
-                uint32_t mask = 0;
-                double w[8] = {0};
-                for (int r = 0; r < 8 && 8 * g + r < m; r++)
-                    for (int j = 0; j < K; j++)
-                        if (sel[(8 * g + r) * K + j] == ex) mask |= 1u << r, w[r] = vget(&c->b[1], ((size_t)(8 * g + r) * K + j) * 8);
-                if (!mask) continue;
-                const size_t it = (size_t)g * cap + at++;
-                ref[it * 2] = ex, ref[it * 2 + 1] = mask;
-                for (int r = 0; r < 8; r++) ref[o_w + it * 8 + r] = w[r];
-            }
-            for (; at < cap; at++) {
-                const size_t it = (size_t)g * cap + at;
-                ref[it * 2] = ref[it * 2 + 1] = 0;
-                for (int r = 0; r < 8; r++) ref[o_w + it * 8 + r] = 0;
-            }
-        }
-        break;
-    }
-    case K_ARGMAX: {
-        int best = -1;
-        for (int i = 0; i < n; i++) {
-            const double v = vget(&c->b[0], i);
-            if (v == v && (best < 0 || v > vget(&c->b[0], best))) best = i;
-        }
-        ref[0] = best;
-        break;
-    }
-    }
-}
+#include "engine_cases_cuda.h"
 
 /* ---- device side ---- */
 
@@ -589,19 +86,25 @@ typedef struct ekernel {
                           void *);
     void (*combine)(const float *, const float *, int, int, int, float *, void *);
     void (*route_union)(const int *, const float *, int, int, int, int, keel_cuda_route *, float *, void *);
+    void (*router)(const keel_cuda_qw *, const float *, int, float *, const keel_ecu_vec *, int, int, int, bool, float,
+                   keel_cuda_route *, float *, int *, int, keel_cuda_route *, float *, void *);
+    void (*mamba_step)(const float *, int, float *, const keel_ecu_vec *, const keel_ecu_vec *, int, float *,
+                       const keel_ecu_vec *, const keel_ecu_vec *, const keel_ecu_vec *, int, int, int, int, int,
+                       const keel_ecu_vec *, float, float *, float *, unsigned *, uint16_t *, float *, void *);
 } ekernel;
 
 static const ekernel REAL = {keel_ecu_embed, keel_ecu_rmsnorm, keel_ecu_add_rmsnorm, keel_ecu_add_bias,
                              keel_ecu_matvec, keel_ecu_conv, keel_ecu_ssm, keel_ecu_gate_norm,
                              keel_ecu_route, keel_ecu_argmax, keel_ecu_matvec_routed, keel_ecu_combine,
-                             keel_ecu_route_union};
+                             keel_ecu_route_union, keel_ecu_router, keel_ecu_mamba_step};
 static const ekernel TWIN = {keel_contract_twin_ecu_embed, keel_contract_twin_ecu_rmsnorm,
                              keel_contract_twin_ecu_add_rmsnorm, keel_contract_twin_ecu_add_bias,
                              keel_contract_twin_ecu_matvec, keel_contract_twin_ecu_conv, keel_contract_twin_ecu_ssm,
                              keel_contract_twin_ecu_gate_norm,
                              keel_contract_twin_ecu_route, keel_contract_twin_ecu_argmax,
                              keel_contract_twin_ecu_matvec_routed, keel_contract_twin_ecu_combine,
-                             keel_contract_twin_ecu_route_union};
+                             keel_contract_twin_ecu_route_union, keel_contract_twin_ecu_router,
+                             keel_contract_twin_ecu_mamba_step};
 
 static keel_ecu_vec vec(const ecase *c, int i) {
     return (keel_ecu_vec){dptr(&c->b[i]), c->b[i].dt, (int)c->b[i].n};
@@ -675,7 +178,48 @@ static void launch_with(const ekernel *K, const ecase *c) {
     }
     case K_COMBINE: K->combine(p[0], p[1], m, R_K1, n, p[2], NULL); break;
     case K_UNION: K->route_union(p[0], p[1], m, k, n, KEEL_MIN(n, 8 * k), p[2], p[3], NULL); break;
+    case K_MAMBA: {
+        keel_ecu_vec cw = vec(c, 2), cb = vec(c, 3), dtb = vec(c, 5), al = vec(c, 6), D = vec(c, 7), w = vec(c, 8);
+        const int di = n * S_P, cd = di + 2 * S_G * S_N;
+        K->mamba_step(p[0], di + cd + n, p[1], &cw, &cb, C_K, p[4], &dtb, &al, &D, n, S_P, S_N, S_G, m, &w, 1e-5f, p[10],
+                      p[11], p[9], p[12], p[13], NULL);
+        break;
     }
+    case K_ROUTER: {
+        keel_cuda_qw W = {p[0], NULL, NULL, n, k, 0, 0, KEEL_DT_BF16, 0, 0, 0};
+        keel_ecu_vec corr = vec(c, 1);
+        K->router(&W, p[2], m, p[3], &corr, R_K1, 1, 1, true, 2.5f, p[4], p[5], p[6], KEEL_MIN(n, 8 * R_K1), p[7], p[8],
+                  NULL);
+        break;
+    }
+    }
+}
+
+/* The sequence the fused Mamba step replaces: conv, scan and gated norm as three launches (gate 4). */
+static void launch_mamba_sequence(const keel_contract_reg *reg, const keel_contract_args *a) {
+    (void)reg;
+    const ecase *c = a->x;
+    const int m = c->m, n = c->n, di = n * S_P, cd = di + 2 * S_G * S_N, ld = di + cd + n;
+    void *p[MAXB];
+    for (int i = 0; i < c->nb; i++) p[i] = dptr(&c->b[i]);
+    keel_ecu_vec cw = vec(c, 2), cb = vec(c, 3), dtb = vec(c, 5), al = vec(c, 6), D = vec(c, 7), w = vec(c, 8);
+    keel_ecu_conv(p[0], ld, di, p[1], &cw, &cb, C_K, cd, m, p[10], NULL);
+    keel_ecu_ssm(p[10], cd, p[0], ld, di + cd, p[4], &dtb, &al, &D, n, S_P, S_N, S_G, m, p[11], NULL);
+    keel_ecu_gate_norm(p[11], p[0], ld, &w, S_G, di, 1e-5f, m, p[12], p[13], NULL);
+}
+
+/* The sequence the fused router replaces: the fp32 matvec, route, route_union as three launches (gate 4). */
+static void launch_router_sequence(const keel_contract_reg *reg, const keel_contract_args *a) {
+    (void)reg;
+    const ecase *c = a->x;
+    const int m = c->m, n = c->n, k = c->k;
+    void *p[MAXB];
+    for (int i = 0; i < c->nb; i++) p[i] = dptr(&c->b[i]);
+    keel_cuda_qw W = {p[0], NULL, NULL, n, k, 0, 0, KEEL_DT_BF16, 0, 0, 0};
+    keel_ecu_vec corr = vec(c, 1);
+    keel_ecu_matvec(&W, p[2], KEEL_DT_F32, m, p[3], KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+    keel_ecu_route(p[3], &corr, n, R_K1, 1, 1, true, 2.5f, m, p[4], p[5], p[6], NULL);
+    keel_ecu_route_union(p[6], p[5], m, R_K1, n, KEEL_MIN(n, 8 * R_K1), p[7], p[8], NULL);
 }
 
 static void launch_real(const keel_contract_reg *reg, const keel_contract_args *a) {
@@ -704,8 +248,8 @@ static int kind_of(const keel_contract_reg *reg) { return reg->tile_cols; } /* t
 
 static ecase make(const keel_contract_reg *reg, const keel_contract_shape *s, int m, uint64_t seed, int dist) {
     ecase c = {.kind = kind_of(reg), .m = m, .n = s->n, .k = s->k};
-    layout(&c);
-    generate(&c, seed, dist);
+    keel_contract_ecase_layout(&c);
+    keel_contract_ecase_generate(&c, seed, dist);
     return c;
 }
 
@@ -733,14 +277,89 @@ static void free_outs(const ecase *c, void **outs) {
 static double oget(const buf *b, const void *o, size_t j) {
     buf t = *b;
     t.h = (void *)o;
-    return hget(&t, j);
+    return keel_contract_ecase_get(&t, j);
 }
 
 /* Gate 3 on one case: every output within its bound, integers exact, float outputs not all equal. */
+static bool check_ref(const ecase *c, void **outs, keel_contract_gate_result *gr);
+
+/* Gate 3 of the fused router, stage by stage: the logits against the float64 matvec, then the routing against the
+ * float64 router of the logits it computed, then the unions against the exact union of the routing it chose. */
+static bool check_router(const ecase *c, void **outs, keel_contract_gate_result *gr) {
+    ecase mv = {.kind = K_MATVEC_F, .m = c->m, .n = c->n, .k = c->k};
+    keel_contract_ecase_layout(&mv);
+    memcpy(mv.b[0].h, c->b[0].h, bytes_of(&c->b[0])), memcpy(mv.b[1].h, c->b[2].h, bytes_of(&c->b[2]));
+    void *o_mv[MAXB] = {0};
+    o_mv[2] = outs[3];
+    bool ok = check_ref(&mv, o_mv, gr);
+    keel_contract_ecase_free(&mv);
+    ecase rt = {.kind = K_ROUTE, .m = c->m, .n = c->n, .k = R_K1};
+    keel_contract_ecase_layout(&rt);
+    memcpy(rt.b[0].h, outs[3], bytes_of(&rt.b[0])), memcpy(rt.b[1].h, c->b[1].h, bytes_of(&rt.b[1]));
+    void *o_rt[MAXB] = {0};
+    o_rt[2] = outs[4], o_rt[3] = outs[5], o_rt[4] = outs[6];
+    ok = ok && check_ref(&rt, o_rt, gr);
+    keel_contract_ecase_free(&rt);
+    ecase un = {.kind = K_UNION, .m = c->m, .n = c->n, .k = R_K1};
+    keel_contract_ecase_layout(&un);
+    memcpy(un.b[0].h, outs[6], bytes_of(&un.b[0])), memcpy(un.b[1].h, outs[5], bytes_of(&un.b[1]));
+    void *o_un[MAXB] = {0};
+    o_un[2] = outs[7], o_un[3] = outs[8];
+    ok = ok && check_ref(&un, o_un, gr);
+    keel_contract_ecase_free(&un);
+    return ok;
+}
+
+/* Gate 3 of the fused Mamba step, stage by stage: the conv (outputs and windows) against the float64 conv of the
+ * inputs, the scan (outputs and state) against the float64 scan of the conv outputs it computed, the gated norm
+ * against the float64 norm of the scan outputs it computed; the counters back at zero. */
+static bool check_mamba(const ecase *c, void **outs, keel_contract_gate_result *gr) {
+    const int m = c->m, n = c->n, di = n * S_P, cd = di + 2 * S_G * S_N, ld = di + cd + n;
+    const float *proj = c->b[0].h;
+    ecase cv = {.kind = K_CONV, .m = m, .n = cd};
+    keel_contract_ecase_layout(&cv);
+    for (int r = 0; r < m; r++)
+        for (int j = 0; j < cd; j++) ((float *)cv.b[0].h)[(size_t)r * (cd + 8) + 8 + j] = proj[(size_t)r * ld + di + j];
+    memcpy(cv.b[1].h, c->b[1].h, bytes_of(&c->b[1])), memcpy(cv.b[2].h, c->b[2].h, bytes_of(&c->b[2]));
+    memcpy(cv.b[3].h, c->b[3].h, bytes_of(&c->b[3]));
+    void *o_cv[MAXB] = {0};
+    o_cv[1] = outs[1], o_cv[4] = outs[10];
+    bool ok = check_ref(&cv, o_cv, gr);
+    keel_contract_ecase_free(&cv);
+    ecase sc = {.kind = K_SSM, .m = m, .n = n};
+    keel_contract_ecase_layout(&sc);
+    memcpy(sc.b[0].h, outs[10], bytes_of(&sc.b[0]));
+    for (int r = 0; r < m; r++)
+        for (int h = 0; h < n; h++) ((float *)sc.b[1].h)[(size_t)r * (n + 4) + 4 + h] = proj[(size_t)r * ld + di + cd + h];
+    for (int i = 2; i <= 5; i++) memcpy(sc.b[i].h, c->b[i + 2].h, bytes_of(&c->b[i + 2]));
+    void *o_sc[MAXB] = {0};
+    o_sc[2] = outs[4], o_sc[6] = outs[11];
+    ok = ok && check_ref(&sc, o_sc, gr);
+    keel_contract_ecase_free(&sc);
+    ecase gn = {.kind = K_GATENORM, .m = m, .n = di};
+    keel_contract_ecase_layout(&gn);
+    memcpy(gn.b[0].h, outs[11], bytes_of(&gn.b[0]));
+    for (int r = 0; r < m; r++)
+        for (int j = 0; j < di; j++) ((float *)gn.b[1].h)[(size_t)r * di + j] = proj[(size_t)r * ld + j];
+    memcpy(gn.b[2].h, c->b[8].h, bytes_of(&c->b[8]));
+    void *o_gn[MAXB] = {0};
+    o_gn[3] = outs[12], o_gn[4] = outs[13];
+    ok = ok && check_ref(&gn, o_gn, gr);
+    keel_contract_ecase_free(&gn);
+    for (int q = 0; ok && q < S_G; q++)
+        if (((const uint32_t *)outs[9])[q] != 0) {
+            snprintf(gr->detail, sizeof gr->detail, "counter %d left at %u, expected 0", q, ((const uint32_t *)outs[9])[q]);
+            ok = false;
+        }
+    return ok;
+}
+
 static bool check_ref(const ecase *c, void **outs, keel_contract_gate_result *gr) {
-    const size_t N = n_out(c);
+    if (c->kind == K_ROUTER) return check_router(c, outs, gr);
+    if (c->kind == K_MAMBA) return check_mamba(c, outs, gr);
+    const size_t N = keel_contract_ecase_n_out(c);
     double *ref = keel_xcalloc(N + 1, sizeof(double)), *bnd = keel_xcalloc(N + 1, sizeof(double));
-    reference(c, ref, bnd);
+    keel_contract_ecase_reference(c, ref, bnd);
     size_t at = 0;
     bool ok = true;
     for (int i = 0; i < c->nb && ok; i++) {
@@ -798,9 +417,9 @@ static ecase row_case(const ecase *c, int r) {
     return s;
 }
 
-static bool sequential(int kind) { return kind == K_CONV || kind == K_SSM; }
+static bool sequential(int kind) { return kind == K_CONV || kind == K_SSM || kind == K_MAMBA; }
 /* The union of a group's experts depends on every row of the group by definition: no per-row check. */
-static bool rowwise(int kind) { return !sequential(kind) && kind != K_UNION; }
+static bool rowwise(int kind) { return !sequential(kind) && kind != K_UNION && kind != K_ROUTER; }
 
 static void engine_run(const keel_contract_table *t, const keel_contract_reg *reg, keel_contract_launch_fn launch,
                        int max_gate, keel_contract_result *res) {
@@ -837,13 +456,29 @@ static void engine_run(const keel_contract_table *t, const keel_contract_reg *re
                             gr->pass = run_case(reg, launch, &c, o2, true, gr->detail, sizeof gr->detail) &&
                                        same_bits(&c, o1, o2, -1, gr->detail, sizeof gr->detail);
                             free_outs(&c, o2);
+                            if (gr->pass && c.kind == K_MAMBA) { /* the fused step equals the three launches */
+                                gr->pass = run_case(reg, launch_mamba_sequence, &c, o2, true, gr->detail,
+                                                    sizeof gr->detail) &&
+                                           same_bits(&c, o1, o2, -1, gr->detail, sizeof gr->detail);
+                                if (!gr->pass) strncat(gr->detail, " (fused Mamba step vs conv, scan, gated norm)",
+                                                       sizeof gr->detail - strlen(gr->detail) - 1);
+                                free_outs(&c, o2);
+                            }
+                            if (gr->pass && c.kind == K_ROUTER) { /* the fused router equals the three launches */
+                                gr->pass = run_case(reg, launch_router_sequence, &c, o2, true, gr->detail,
+                                                    sizeof gr->detail) &&
+                                           same_bits(&c, o1, o2, -1, gr->detail, sizeof gr->detail);
+                                if (!gr->pass) strncat(gr->detail, " (fused router vs matvec, route, route_union)",
+                                                       sizeof gr->detail - strlen(gr->detail) - 1);
+                                free_outs(&c, o2);
+                            }
                             if (gr->pass && m > 1 && rowwise(c.kind))
                                 for (int r = 0; r < m && gr->pass; r++) {
                                     ecase rc = row_case(&c, r);
                                     gr->pass = run_case(reg, launch, &rc, o2, true, gr->detail, sizeof gr->detail) &&
                                                same_bits(&c, o1, o2, r, gr->detail, sizeof gr->detail);
                                     free_outs(&rc, o2);
-                                    case_free(&rc);
+                                    keel_contract_ecase_free(&rc);
                                 }
                             if (gr->pass && m > 1 && sequential(c.kind)) { /* m one-token launches, state carried */
                                 ecase st = c;
@@ -869,12 +504,12 @@ static void engine_run(const keel_contract_table *t, const keel_contract_reg *re
                                                 gr->pass = false;
                                             }
                                     free_outs(&rc, o2);
-                                    case_free(&rc);
+                                    keel_contract_ecase_free(&rc);
                                 }
                             }
                         }
                         free_outs(&c, o1);
-                        case_free(&c);
+                        keel_contract_ecase_free(&c);
                     }
             }
         }
@@ -926,6 +561,8 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
         {K_ROUTED_DOWN, "matvec-routed/q4g64/bf16/per-item", "keel_ecu_matvec_routed", 2, {{24, 64, 1, 3}, {130, 256, 8, 8}}, twin_NOBIAS, "bias-dropped", 3},
         {K_COMBINE, "combine/k6", "keel_ecu_combine", 2, {{40, 0, 1, 3}, {300, 0, 8, 8}}, twin_NOBIAS, "slot-dropped", 3},
         {K_ARGMAX, "argmax", "keel_ecu_argmax", 2, {{7, 0, 1, 1}, {5000, 0, 1, 1}}, twin_TIES, "ties-to-higher-id", 3},
+        {K_MAMBA, "mamba-step-fused/p16n48g2k4", "keel_ecu_mamba_step", 2, {{2, 0, 1, 3}, {8, 0, 8, 8}}, twin_NOSHIFT, "window-not-shifted", 3},
+        {K_ROUTER, "router-fused/bf16/k6", "keel_ecu_router", 2, {{16, 64, 1, 8}, {128, 512, 9, 12}}, twin_ORDER, "descending-order", 3},
         {K_UNION, "route-union/k6", "keel_ecu_route_union", 2, {{16, R_K1, 1, 8}, {128, R_K1, 9, 20}}, twin_ORDER, "descending-order", 3},
     };
     int added = 0;

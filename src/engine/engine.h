@@ -183,6 +183,10 @@ void keel_cuda_engine_set_graphs(keel_cuda_engine *e, bool on);
  * routed experts; k and v beside q): 0 off, 1 on (default), 2 on with the second stream at the lowest priority.
  * Scheduling only: the same bits either way. Other values: 1. Per-family profiling runs with it off. */
 void keel_cuda_engine_set_side(keel_cuda_engine *e, int mode);
+/* The MoE router (logits, top-k, the 8-row groups' unions) as one launch or three (default); the same bits. */
+void keel_cuda_engine_set_fused_router(keel_cuda_engine *e, bool on);
+/* Mamba's decode step (conv, scan, gated norm) as one launch or three (default); the same bits. */
+void keel_cuda_engine_set_fused_mamba(keel_cuda_engine *e, bool on);
 /* Benchmarks of long-context decode: keel_cuda_generate places its prompt at position pos (0: normal), the KV
  * cache holding zeros before it. */
 void keel_cuda_engine_set_start(keel_cuda_engine *e, int pos);

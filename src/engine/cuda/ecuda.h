@@ -129,6 +129,13 @@ void keel_contract_twin_ecu_attn(const float *q, const keel_ecu_vec *qb, const f
                                  uint16_t *o, float *of, void *st);
 size_t keel_contract_twin_ecu_attn_scratch_bytes(int m, int nh, int hd, int ctx);
 size_t keel_contract_twin_ecu_attn_scratch_max_bytes(int m_max, int nh, int hd, int ctx);
+/* One Mamba-2 step of m (1..8) tokens in one launch: keel_ecu_conv of proj's xBC columns (proj rows z (DI) | xBC (CD)
+ * | dt (NH), CD = DI + 2*G*N) into xbc, keel_ecu_ssm into y, keel_ecu_gate_norm into out or outf; the same bits as
+ * the three. cnt: G counters, zero before and after (the launch resets them); launches must not overlap. */
+void keel_ecu_mamba_step(const float *proj, int ld, float *win, const keel_ecu_vec *cw, const keel_ecu_vec *cb, int K,
+                         float *state, const keel_ecu_vec *dt_bias, const keel_ecu_vec *A_log, const keel_ecu_vec *D,
+                         int NH, int P, int N, int G, int m, const keel_ecu_vec *norm, float eps, float *xbc, float *y,
+                         unsigned *cnt, uint16_t *out, float *outf, void *st);
 /* The router of each of m rows from its logits (m, E): items (m*K) {expert, mask 1} in slot order and weights
  * (m*K*8) [item][row 0] for one-row routed launches; sel (m*K) the experts. */
 void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group, int topk_group,
@@ -138,6 +145,12 @@ void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K,
  * weights w (m*K*8, as keel_ecu_route writes them); padded to cap (>= the union's size) with (0, 0) items. */
 void keel_ecu_route_union(const int *sel, const float *w, int m, int K, int E, int cap, keel_cuda_route *items,
                           float *weights, void *st);
+/* The MoE router in one launch: logits (m, E) = x (m, k) fp32 . W^T (keel_ecu_matvec, W a float matrix), then
+ * keel_ecu_route into items1, w1, sel, then keel_ecu_route_union into items, weights (cap per group): the same bits
+ * as the three. Launches of it must not overlap (one ticket counter). */
+void keel_ecu_router(const keel_cuda_qw *W, const float *x, int m, float *logits, const keel_ecu_vec *corr, int K,
+                     int n_group, int topk_group, bool norm_topk, float scaling, keel_cuda_route *items1, float *w1,
+                     int *sel, int cap, keel_cuda_route *items, float *weights, void *st);
 /* out = index of the largest of v (n), ties to the lower index, NaN never wins. */
 void keel_ecu_argmax(const float *v, int n, int *out, void *st);
 
@@ -179,6 +192,15 @@ void keel_contract_twin_ecu_route(const float *logits, const keel_ecu_vec *corr,
 void keel_contract_twin_ecu_argmax(const float *v, int n, int *out, void *st);
 void keel_contract_twin_ecu_route_union(const int *sel, const float *w, int m, int K, int E, int cap,
                                         keel_cuda_route *items, float *weights, void *st);
+void keel_contract_twin_ecu_mamba_step(const float *proj, int ld, float *win, const keel_ecu_vec *cw,
+                                       const keel_ecu_vec *cb, int K, float *state, const keel_ecu_vec *dt_bias,
+                                       const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH, int P, int N, int G,
+                                       int m, const keel_ecu_vec *norm, float eps, float *xbc, float *y,
+                                       unsigned *cnt, uint16_t *out, float *outf, void *st);
+void keel_contract_twin_ecu_router(const keel_cuda_qw *W, const float *x, int m, float *logits,
+                                   const keel_ecu_vec *corr, int K, int n_group, int topk_group, bool norm_topk,
+                                   float scaling, keel_cuda_route *items1, float *w1, int *sel, int cap,
+                                   keel_cuda_route *items, float *weights, void *st);
 
 #ifdef __cplusplus
 }

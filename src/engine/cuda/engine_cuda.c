@@ -77,6 +77,9 @@ struct keel_cuda_engine {
     void *side;    /* a second stream for a layer's independent launches, forked from and joined to st */
     void *fork, *join; /* events: side waits for st's fork; st waits for side's join */
     int side_mode; /* keel_cuda_engine_set_side */
+    bool fused_router; /* keel_cuda_engine_set_fused_router */
+    bool fused_mamba;  /* keel_cuda_engine_set_fused_mamba */
+    unsigned *mcnt;    /* (n_groups) the fused Mamba step's arrival counters, zero between launches */
     void *graph;   /* the captured one-token decode step, or NULL */
     bool graphs;   /* decode steps replay the captured graph (on by default) */
     bool warm;     /* one eager step has run: every launch's attributes and scratch are in place */
@@ -291,6 +294,7 @@ static void layout(keel_cuda_engine *e, carve *c) {
     e->catb = take(c, ROWS * 2 * H * bf);
     e->proj = take(c, ROWS * (size_t)e->wide * fl);
     e->xbc = take(c, ROWS * (size_t)KEEL_MAX(g->conv_dim, 1) * fl);
+    e->mcnt = take(c, (size_t)KEEL_MAX(g->n_groups, 1) * sizeof(unsigned));
     e->ymid = take(c, ROWS * (size_t)KEEL_MAX(g->d_inner, 1) * fl);
     e->midb = take(c, ROWS * (size_t)e->midw * bf);
     e->hexp = take(c, cap * WIN * (size_t)KEEL_MAX(g->moe_inter, 1) * bf);
@@ -364,6 +368,8 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     e->st = keel_ecu_stream_new();
     e->side = keel_ecu_stream_new();
     e->side_mode = 1;
+    e->fused_router = false; /* both fusions measured slower than their three launches in the decode graph */
+    e->fused_mamba = false;
     e->fork = keel_ecu_event_new();
     e->join = keel_ecu_event_new();
     e->hpin = keel_ecu_host_alloc(4 * sizeof(int));
@@ -437,6 +443,7 @@ void keel_cuda_engine_reset(keel_cuda_engine *e) {
     const keel_config *g = e->cfg;
     e->pos = 0;
     e->mtp_pos = 0;
+    keel_ecu_memset(e->mcnt, 0, (size_t)KEEL_MAX(g->n_groups, 1) * sizeof(unsigned), e->st);
     keel_ecu_memset(e->conv, 0, (size_t)e->n_mamba * (size_t)KEEL_MAX(g->conv_kernel - 1, 0) * (size_t)g->conv_dim * sizeof(float), e->st);
     keel_ecu_memset(e->ssm, 0, (size_t)e->n_mamba * (size_t)g->mamba_heads * (size_t)g->mamba_head_dim *
                                     (size_t)g->ssm_state * sizeof(float), e->st);
@@ -496,6 +503,16 @@ size_t keel_cuda_engine_step_bytes(const keel_cuda_engine *e, int ctx) {
 void keel_cuda_engine_set_graphs(keel_cuda_engine *e, bool on) {
     if (!on) drop_graph(e);
     e->graphs = on;
+}
+
+void keel_cuda_engine_set_fused_mamba(keel_cuda_engine *e, bool on) {
+    if (on != e->fused_mamba) drop_graph(e);
+    e->fused_mamba = on;
+}
+
+void keel_cuda_engine_set_fused_router(keel_cuda_engine *e, bool on) {
+    if (on != e->fused_router) drop_graph(e);
+    e->fused_router = on;
 }
 
 void keel_cuda_engine_set_side(keel_cuda_engine *e, int mode) {
@@ -564,6 +581,15 @@ static void mamba(keel_cuda_engine *e, const dmamba *w, int slot, int m) {
     keel_ecu_add_bias(e->proj, m, PD, PD, &w->in_bias, e->st);
     float *win = e->conv + (size_t)slot * (size_t)KEEL_MAX(K - 1, 0) * (size_t)CD;
     float *st = e->ssm + (size_t)slot * (size_t)g->mamba_heads * (size_t)g->mamba_head_dim * (size_t)g->ssm_state;
+    if (m <= WIN && e->fused_mamba) { /* conv, scan and gated norm in one launch: the three's bits */
+        keel_ecu_mamba_step(e->proj, PD, win, &w->conv_w, g->conv_bias ? &w->conv_b : NULL, K, st, &w->dt_bias,
+                            &w->A_log, &w->D, g->mamba_heads, g->mamba_head_dim, g->ssm_state, g->n_groups, m, &w->norm,
+                            g->norm_eps, e->xbc, e->ymid, e->mcnt, e->f32 ? NULL : e->midb, e->f32 ? e->midf : NULL,
+                            e->st);
+        fam_end(e);
+        mm(e, KEEL_CUF_PROJ, &w->out_proj, e->f32 ? e->midf : NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
+        return;
+    }
     keel_ecu_conv(e->proj, PD, DI, win, &w->conv_w, g->conv_bias ? &w->conv_b : NULL, K, CD, m, e->xbc, e->st);
     if (m <= WIN) /* exact windows: the per-token step, whose bits a row alone gets too */
         keel_ecu_ssm(e->xbc, CD, e->proj, PD, DI + CD, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
@@ -615,10 +641,15 @@ static void moe(keel_cuda_engine *e, const dmoe *w, int m) {
     void *side = g->n_shared > 0 ? fork_side(e) : e->st;
     if (g->n_shared > 0) mlp_on(e, side, &w->shared, m, e->mix2);
     fam_begin(e, KEEL_CUF_ROUTER); /* logits, top-k, then the 8-row groups' unions */
-    keel_ecu_matvec(&w->gate, e->xnf, KEEL_DT_F32, m, e->router, KEEL_DT_F32, KEEL_EPI_NONE, e->st);
-    keel_ecu_route(e->router, &w->corr, E, K, g->n_group, g->topk_group, g->norm_topk_prob, g->routed_scaling, m,
-                   e->items1, e->rw1, e->sel, e->st);
-    if (!e->f32) keel_ecu_route_union(e->sel, e->rw1, m, K, E, cap, e->items, e->rweights, e->st);
+    if (!e->f32 && e->fused_router && w->gate.bits == 0) { /* the three in one launch */
+        keel_ecu_router(&w->gate, e->xnf, m, e->router, &w->corr, K, g->n_group, g->topk_group, g->norm_topk_prob,
+                        g->routed_scaling, e->items1, e->rw1, e->sel, cap, e->items, e->rweights, e->st);
+    } else {
+        keel_ecu_matvec(&w->gate, e->xnf, KEEL_DT_F32, m, e->router, KEEL_DT_F32, KEEL_EPI_NONE, e->st);
+        keel_ecu_route(e->router, &w->corr, E, K, g->n_group, g->topk_group, g->norm_topk_prob, g->routed_scaling, m,
+                       e->items1, e->rw1, e->sel, e->st);
+        if (!e->f32) keel_ecu_route_union(e->sel, e->rw1, m, K, E, cap, e->items, e->rweights, e->st);
+    }
     fam_end(e);
     fam_begin(e, KEEL_CUF_EXPERTS);
     if (e->f32) { /* every row's items in one launch: the fp32 matvec never splits k */

@@ -9,21 +9,6 @@
 #include "../../kernels/cuda/port.h"
 #include "ecuda.h"
 
-#if defined(__HIPCC__) /* the runtime calls below that port.h does not map */
-#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
-#define cudaStreamNonBlocking hipStreamNonBlocking
-#define cudaMallocHost(p, n) hipHostMalloc(p, n, 0)
-#define cudaFreeHost hipHostFree
-#define cudaGraph_t hipGraph_t
-#define cudaGraphExec_t hipGraphExec_t
-#define cudaStreamBeginCapture hipStreamBeginCapture
-#define cudaStreamCaptureModeThreadLocal hipStreamCaptureModeThreadLocal
-#define cudaStreamEndCapture hipStreamEndCapture
-#define cudaGraphInstantiate(x, g, f) hipGraphInstantiate(x, g, nullptr, nullptr, 0)
-#define cudaGraphDestroy hipGraphDestroy
-#define cudaGraphLaunch hipGraphLaunch
-#define cudaGraphExecDestroy hipGraphExecDestroy
-#endif
 
 /* Built a second time as the contract's twin (src/contract/twin_engine_cuda.cu) with KEEL_ECU_TWIN 1: the launchers
  * are renamed and one planted fault (KEEL_ECU_PLANT_*) can be armed at a time. */
@@ -346,11 +331,11 @@ __global__ void combine_kernel(const float *y, const float *w, int m, int K, int
 
 constexpr int kMaxConvK = 8;
 
-__global__ void conv_kernel(const float *proj, int ld, int off, float *win, DVec cw, DVec cb, int K, int C, int m,
-                            float *out) {
-    const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    if (c >= C) return;
-    float w[kMaxConvK], h[kMaxConvK];
+/* The causal conv of channel c (of C) over m tokens, as conv_kernel computes it: the window h (K-1 earlier inputs,
+ * win[k*C + c]) then each token's input at proj[r*ld + off + c]; silu outputs to out[r * ldo]; h leaves shifted. */
+__device__ __forceinline__ void conv_channel(const float *proj, int ld, int off, const float *win, DVec cw, DVec cb,
+                                             int K, int C, int m, int c, float *out, long long ldo, float *h) {
+    float w[kMaxConvK];
     for (int k = 0; k < K; k++) w[k] = vget(cw, (long long)c * K + k);
     for (int k = 0; k < K - 1; k++) h[k] = win[(long long)k * C + c];
     const float b = cb.n ? vget(cb, c) : 0.0f;
@@ -359,35 +344,47 @@ __global__ void conv_kernel(const float *proj, int ld, int off, float *win, DVec
         float acc = b;
         for (int k = 0; k < K - 1; k++) acc = __fadd_rn(acc, __fmul_rn(w[k], h[k]));
         acc = __fadd_rn(acc, __fmul_rn(w[K - 1], in));
-        out[(long long)r * C + c] = silu(acc);
+        out[(long long)r * ldo] = silu(acc);
         if (PLANTED(KEEL_ECU_PLANT_NOSHIFT)) continue;
         for (int k = 0; k + 1 < K - 1; k++) h[k] = h[k + 1];
         if (K > 1) h[K - 2] = in;
     }
+}
+
+__global__ void conv_kernel(const float *proj, int ld, int off, float *win, DVec cw, DVec cb, int K, int C, int m,
+                            float *out) {
+    const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= C) return;
+    float h[kMaxConvK];
+    conv_channel(proj, ld, off, win, cw, cb, K, C, m, c, out + c, C, h);
     for (int k = 0; k < K - 1; k++) win[(long long)k * C + c] = h[k];
 }
 
 constexpr int kMaxStatePerLane = 8; /* ssm_state up to 256 */
 
-/* One warp per (head, channel p): the state row (N) lives in the lanes' registers across the m tokens. */
-__global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state, DVec dtb,
-                           DVec alog, DVec Dv, int NH, int P, int N, int G, int m, float *y) {
-    const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = (int)(threadIdx.x & 31);
-    if (warp >= NH * P) return;
-    const int h = warp / P, p = warp % P, DI = NH * P, grp = h / (NH / G);
-    float s[kMaxStatePerLane];
-    float *srow = state + ((long long)h * P + p) * N;
+/* Channel p of head h's state row (N) into the lanes' registers s (lane + 32 i). */
+__device__ __forceinline__ void ssm_load(const float *state, int P, int N, int h, int p, int lane, float *s) {
+    const float *srow = state + ((long long)h * P + p) * N;
     for (int i = 0; i < kMaxStatePerLane; i++) {
         int n = lane + 32 * i;
         s[i] = n < N ? srow[n] : 0.0f;
     }
+}
+
+/* The scan of channel p of head h over m tokens by one warp, as ssm_kernel computes it, from its state row s (as
+ * ssm_load leaves it; stored back at the end); token r's x at x0[r*xld], its B and C at B0 + r*xld and C0 + r*xld;
+ * y (m, NH*P). */
+__device__ __forceinline__ void ssm_run(float *s, const float *x0, const float *B0, const float *C0, long long xld,
+                                        const float *proj, int ld, int dt_off, float *state, DVec dtb, DVec alog,
+                                        DVec Dv, int NH, int P, int N, int m, float *y, int h, int p, int lane) {
+    float *srow = state + ((long long)h * P + p) * N;
+    const int DI = NH * P;
     const float A = -expf(vget(alog, h)), Dh = vget(Dv, h), bias = vget(dtb, h);
     for (int r = 0; r < m; r++) {
         const float dt = softplus(__fadd_rn(proj[(long long)r * ld + dt_off + h], bias));
         const float dA = expf(__fmul_rn(A, dt));
-        const float *xr = xbc + (long long)r * CD;
-        const float xv = xr[h * P + p], xdt = __fmul_rn(xv, dt);
-        const float *B = xr + DI + grp * N, *Cm = xr + DI + G * N + grp * N;
+        const float xv = x0[r * xld], xdt = __fmul_rn(xv, dt);
+        const float *B = B0 + r * xld, *Cm = C0 + r * xld;
         float acc = 0.0f;
         for (int i = 0; i < kMaxStatePerLane; i++) {
             int n = lane + 32 * i;
@@ -405,26 +402,98 @@ __global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, 
     }
 }
 
-__global__ void gate_norm_kernel(const float *y, const float *proj, int ld, DVec w, int G, int DI, float eps,
-                                 uint16_t *out, float *outf) {
-    __shared__ float buf[kNormThreads];
-    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
-    const int r = blockIdx.x / G, q = blockIdx.x % G, gs = PLANTED(KEEL_ECU_PLANT_GROUPS) && q == 0 ? DI / G + 1 : DI / G;
+/* One warp per (head, channel p): the state row (N) lives in the lanes' registers across the m tokens. */
+__global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state, DVec dtb,
+                           DVec alog, DVec Dv, int NH, int P, int N, int G, int m, float *y) {
+    const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = (int)(threadIdx.x & 31);
+    if (warp >= NH * P) return;
+    const int h = warp / P, p = warp % P, DI = NH * P, grp = h / (NH / G);
+    float s[kMaxStatePerLane];
+    ssm_load(state, P, N, h, p, lane, s);
+    ssm_run(s, xbc + h * P + p, xbc + DI + grp * N, xbc + DI + G * N + grp * N, CD, proj, ld, dt_off, state, dtb, alog,
+            Dv, NH, P, N, m, y, h, p, lane);
+}
+
+/* The gated RMSNorm of group q of row r by one block of kNormThreads (buf as many floats), as gate_norm_kernel
+ * computes it; y is read from L2 (the fused Mamba step reads other blocks' y). */
+__device__ __forceinline__ void gate_norm_group(const float *y, const float *proj, int ld, DVec w, int G, int DI,
+                                                float eps, uint16_t *out, float *outf, int r, int q, float *buf) {
+    const int gs = PLANTED(KEEL_ECU_PLANT_GROUPS) && q == 0 ? DI / G + 1 : DI / G;
     const float *yr = y + (long long)r * DI + (long long)q * gs, *z = proj + (long long)r * ld + (long long)q * gs;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < gs; i += blockDim.x) {
-        float v = __fmul_rn(yr[i], silu(z[i]));
+        float v = __fmul_rn(kp_ldcg_f32(yr + i), silu(z[i]));
         ss = __fadd_rn(ss, __fmul_rn(v, v));
     }
     ss = block_sum(ss, buf);
     const float inv = 1.0f / sqrtf(__fadd_rn(ss / (float)gs, eps));
     uint16_t *o = out ? out + (long long)r * DI + (long long)q * gs : nullptr;
     for (int i = threadIdx.x; i < gs; i += blockDim.x) {
-        float v = __fmul_rn(yr[i], silu(z[i]));
+        float v = __fmul_rn(kp_ldcg_f32(yr + i), silu(z[i]));
         const float t = __fmul_rn(__fmul_rn(v, inv), vget(w, (long long)q * gs + i));
         if (o) o[i] = kp_f32_to_bf16(t);
         if (outf) outf[(long long)r * DI + (long long)q * gs + i] = t;
     }
+}
+
+__global__ void gate_norm_kernel(const float *y, const float *proj, int ld, DVec w, int G, int DI, float eps,
+                                 uint16_t *out, float *outf) {
+    __shared__ float buf[kNormThreads];
+    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    gate_norm_group(y, proj, ld, w, G, DI, eps, out, outf, blockIdx.x / G, blockIdx.x % G, buf);
+}
+
+/* One Mamba-2 step of m <= 8 tokens in one launch. proj rows are z (DI) | xBC (CD) | dt (NH). A block of
+ * kNormThreads per (head h, slice of kMambaSlice of its P channels): the state rows of its channels loaded first (a
+ * warp two channels, both in flight), the conv of its x channels and of its group's B and C channels (conv_channel;
+ * the x windows written at once, each block owning its own), the scan of its channels (ssm_run); then the last of the
+ * group's blocks to finish (a counter, which it resets) writes the group's B and C windows (every block of the group
+ * has read them by then) and applies the gated norm of the group (gate_norm_group). The same device functions as
+ * conv_kernel, ssm_kernel and gate_norm_kernel, so their bits. */
+constexpr int kMambaSlice = 16; /* channels a block: two a warp */
+
+__global__ void mamba_step_kernel(const float *proj, int ld, float *win, DVec cw, DVec cb, int K, float *state,
+                                  DVec dtb, DVec alog, DVec Dv, int NH, int P, int N, int G, int m, DVec nw, float eps,
+                                  float *xbc, float *y, unsigned *cnt, uint16_t *out, float *outf) {
+    extern __shared__ float msm[]; /* xs (m, kMambaSlice + 2N): the conv outputs the scan reads; hs (2N, K-1) */
+    __shared__ float buf[kNormThreads];
+    __shared__ unsigned last;
+    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    const int S = (P + kMambaSlice - 1) / kMambaSlice, h = blockIdx.x / S, p0 = (blockIdx.x % S) * kMambaSlice;
+    const int np = min(kMambaSlice, P - p0), DI = NH * P, CD = DI + 2 * G * N, grp = h / (NH / G);
+    const int W = kMambaSlice + 2 * N, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    float *xs = msm, *hs = msm + (size_t)m * W;
+    const int pa = wid, pb = wid + kNormThreads / 32; /* this warp's channels within the slice */
+    float sa[kMaxStatePerLane], sb[kMaxStatePerLane];
+    if (pa < np) ssm_load(state, P, N, h, p0 + pa, lane, sa);
+    if (pb < np) ssm_load(state, P, N, h, p0 + pb, lane, sb);
+    for (int j = tid; j < np + 2 * N; j += blockDim.x) { /* the slice's x channels, then the group's B, then C */
+        const int c = j < np ? h * P + p0 + j : j < np + N ? DI + grp * N + (j - np) : DI + G * N + grp * N + (j - np - N);
+        const int at = j < np ? j : kMambaSlice + (j - np);
+        float hh[kMaxConvK];
+        conv_channel(proj, ld, DI, win, cw, cb, K, CD, m, c, xs + at, W, hh);
+        for (int r = 0; r < m; r++) xbc[(long long)r * CD + c] = xs[r * W + at];
+        for (int k = 0; k < K - 1; k++) {
+            if (j < np) win[(long long)k * CD + c] = hh[k];
+            else hs[(j - np) * (K - 1) + k] = hh[k];
+        }
+    }
+    __syncthreads();
+    const float *B0 = xs + kMambaSlice, *C0 = xs + kMambaSlice + N;
+    if (pa < np) ssm_run(sa, xs + pa, B0, C0, W, proj, ld, DI + CD, state, dtb, alog, Dv, NH, P, N, m, y, h, p0 + pa, lane);
+    if (pb < np) ssm_run(sb, xs + pb, B0, C0, W, proj, ld, DI + CD, state, dtb, alog, Dv, NH, P, N, m, y, h, p0 + pb, lane);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&cnt[grp], 1u) == (unsigned)(NH / G * S) - 1u;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int j = tid; j < 2 * N; j += blockDim.x) {
+        const int c = j < N ? DI + grp * N + j : DI + G * N + grp * N + (j - N);
+        for (int k = 0; k < K - 1; k++) win[(long long)k * CD + c] = hs[j * (K - 1) + k];
+    }
+    for (int r = 0; r < m; r++) gate_norm_group(y, proj, ld, nw, G, DI, eps, out, outf, r, grp, buf);
+    if (tid == 0) cnt[grp] = 0u;
 }
 
 constexpr int kMaxExperts = 1024;
@@ -567,6 +636,50 @@ __global__ void union_kernel(const int *sel, const float *w, int m, int K, int E
     union_group(sel, w, m, K, E, cap, items, weights, blockIdx.x, threadIdx.x, gsel, gw);
 }
 
+/* The MoE router in one launch: the fp32 router matvec (warp per logit, as matvec_kernel), then the last block to
+ * finish (a ticket counter; the logits made visible by a fence) routes every row (one warp a row, as route_kernel),
+ * builds the 8-row groups' unions (as union_kernel) and resets the ticket for the next launch. The same device
+ * functions as the three kernels it replaces, so the same bits. One launch at a time: the ticket is global. */
+constexpr int kRouterThreads = 256;
+__device__ unsigned g_router_ticket;
+
+/* Per-warp scratch of the routing phase: s, b (E floats), chosen (64 ints), gs (64 floats), keep (64), used (E);
+ * the union phase reuses it for a group's selections and weights (8 K ints and floats). */
+__host__ __device__ inline size_t router_scratch(int E, int K) {
+    const size_t route = (size_t)E * 9 + 576, uni = (size_t)64 * K;
+    return ((route > uni ? route : uni) + 15) & ~(size_t)15;
+}
+
+__global__ void router_kernel(QW W, const float *x, int m, float *logits, DVec corr, int K, int n_group,
+                              int topk_group, int norm_topk, float scaling, keel_cuda_route *items1, float *w1,
+                              int *sel, int cap, keel_cuda_route *items, float *weights, int warps) {
+    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    const int E = W.n, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const Route R = {nullptr, 1, 0, 0, 0};
+    matvec_warp(W, R, x, 0, m, logits, 0, KEEL_EPI_NONE, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane);
+    __shared__ unsigned last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&g_router_ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    extern __shared__ unsigned char rsm[];
+    unsigned char *mine = rsm + (size_t)wid * router_scratch(E, K);
+    float *s = (float *)mine, *b = s + E;
+    int *chosen = (int *)(b + E);
+    float *gs = (float *)(chosen + 64);
+    unsigned char *keep = (unsigned char *)(gs + 64), *used = keep + 64;
+    for (int r = wid; wid < warps && r < m; r += warps) /* the warps whose scratch fits in shared memory */
+        route_row(logits, corr, E, K, n_group, topk_group, norm_topk, scaling, items1, w1, sel, r, lane, s, b, used,
+                  chosen, gs, keep);
+    __threadfence_block();
+    __syncthreads();
+    for (int g = wid; wid < warps && g < (m + 7) / 8; g += warps)
+        union_group(sel, w1, m, K, E, cap, items, weights, g, lane, (int *)mine, (float *)mine + 8 * K);
+    if (threadIdx.x == 0) g_router_ticket = 0u;
+}
+
 constexpr int kArgThreads = 1024;
 
 __global__ void argmax_kernel(const float *__restrict__ v, int n, int *out) {
@@ -688,6 +801,22 @@ extern "C" void KEEL_ECU_FN(gate_norm)(const float *y, const float *proj, int ld
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
+extern "C" void KEEL_ECU_FN(mamba_step)(const float *proj, int ld, float *win, const keel_ecu_vec *cw,
+                                        const keel_ecu_vec *cb, int K, float *state, const keel_ecu_vec *dt_bias,
+                                        const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH, int P, int N, int G,
+                                        int m, const keel_ecu_vec *norm, float eps, float *xbc, float *y,
+                                        unsigned *cnt, uint16_t *out, float *outf, void *st) {
+    KEEL_ASSERTF(m >= 1 && m <= 8 && K >= 1 && K <= kMaxConvK && N >= 1 && N <= 32 * kMaxStatePerLane && P >= 1 &&
+                 G >= 1 && NH % G == 0, "mamba step m %d K %d N %d P %d heads %d groups %d", m, K, N, P, NH, G);
+    const size_t smem = ((size_t)m * (size_t)(kMambaSlice + 2 * N) + (size_t)2 * N * (size_t)(K - 1)) * sizeof(float);
+    KEEL_ASSERTF(smem <= 48 * 1024, "mamba step: %zu bytes of shared memory", smem);
+    const long long blocks = (long long)NH * ((P + kMambaSlice - 1) / kMambaSlice);
+    mamba_step_kernel<<<(unsigned)blocks, kNormThreads, smem, (cudaStream_t)st>>>(
+        proj, ld, win, dv(cw), dv(cb), K, state, dv(dt_bias), dv(A_log), dv(D), NH, P, N, G, m, dv(norm), eps, xbc, y,
+        cnt, out, outf);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
 extern "C" void KEEL_ECU_FN(route)(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group,
                                int topk_group, bool norm_topk, float scaling, int m, keel_cuda_route *items,
                                float *weights, int *sel, void *st) {
@@ -701,6 +830,23 @@ extern "C" void KEEL_ECU_FN(route_union)(const int *sel, const float *w, int m, 
                                          keel_cuda_route *items, float *weights, void *st) {
     KEEL_ASSERTF(m >= 1 && K >= 1 && K <= 64 && E >= K && cap >= 1, "route union m %d K %d E %d cap %d", m, K, E, cap);
     union_kernel<<<(unsigned)((m + 7) / 8), 32, 0, (cudaStream_t)st>>>(sel, w, m, K, E, cap, items, weights);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void KEEL_ECU_FN(router)(const keel_cuda_qw *W, const float *x, int m, float *logits,
+                                    const keel_ecu_vec *corr, int K, int n_group, int topk_group, bool norm_topk,
+                                    float scaling, keel_cuda_route *items1, float *w1, int *sel, int cap,
+                                    keel_cuda_route *items, float *weights, void *st) {
+    const int E = W->n;
+    KEEL_ASSERTF(W->bits == 0 && E >= 1 && E <= kMaxExperts && K >= 1 && K <= 64 && K <= E && n_group <= 64 &&
+                 m >= 1 && cap >= 1, "router E %d K %d m %d bits %d", E, K, m, W->bits);
+    const size_t per = router_scratch(E, K);
+    const int warps = (int)KEEL_MIN((size_t)(kRouterThreads / 32), (size_t)(40 * 1024) / per);
+    KEEL_ASSERTF(warps >= 1, "router scratch %zu bytes a warp", per);
+    const long long threads = (long long)m * E * 32;
+    router_kernel<<<blocks_for(threads, kRouterThreads), kRouterThreads, per * (size_t)warps, (cudaStream_t)st>>>(
+        qw(W), x, m, logits, dv(corr), K, n_group, topk_group, norm_topk ? 1 : 0, scaling, items1, w1, sel, cap, items,
+        weights, warps);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -724,7 +870,8 @@ extern "C" const void *keel_ecu_kernel_fn(const char *symbol) {
         {"conv_kernel", (const void *)conv_kernel},           {"ssm_kernel", (const void *)ssm_kernel},
         {"gate_norm_kernel", (const void *)gate_norm_kernel}, 
         {"route_kernel", (const void *)route_kernel},         {"argmax_kernel", (const void *)argmax_kernel},
-        {"union_kernel", (const void *)union_kernel},
+        {"union_kernel", (const void *)union_kernel},         {"router_kernel", (const void *)router_kernel},
+        {"mamba_step_kernel", (const void *)mamba_step_kernel},
     };
     if (!symbol) return NULL;
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
@@ -732,114 +879,4 @@ extern "C" const void *keel_ecu_kernel_fn(const char *symbol) {
     return NULL;
 }
 
-/* ---- runtime ---- */
-
-extern "C" bool KEEL_ECU_FN(malloc)(void **p, size_t bytes, char *why, size_t cap) {
-    *p = nullptr;
-    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        snprintf(why, cap, "%s", cudaGetErrorString(e));
-        *p = nullptr;
-        return false;
-    }
-    return true;
-}
-
-extern "C" bool KEEL_ECU_FN(mem_info)(size_t *free_b, size_t *total_b) {
-    if (cudaMemGetInfo(free_b, total_b) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return true;
-}
-
-extern "C" void KEEL_ECU_FN(free)(void *p) {
-    if (p) KEEL_CUDA_CHECK(cudaFree(p));
-}
-extern "C" void KEEL_ECU_FN(upload)(void *dst, const void *src, size_t bytes, void *st) {
-    KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)st));
-}
-extern "C" void KEEL_ECU_FN(download)(void *dst, const void *src, size_t bytes, void *st) {
-    KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)st));
-    KEEL_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)st));
-}
-extern "C" void KEEL_ECU_FN(sync)(void *st) { KEEL_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)st)); }
-extern "C" void *keel_ecu_event_new(void) {
-    cudaEvent_t ev;
-    KEEL_CUDA_CHECK(cudaEventCreate(&ev));
-    return (void *)ev;
-}
-extern "C" void KEEL_ECU_FN(event_free)(void *ev) {
-    if (ev) KEEL_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev));
-}
-extern "C" void KEEL_ECU_FN(event_record)(void *ev, void *st) {
-    KEEL_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)st));
-}
-extern "C" float KEEL_ECU_FN(event_ms)(void *a, void *b) {
-    float ms = 0.0f;
-    KEEL_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)b));
-    KEEL_CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b));
-    return ms;
-}
-extern "C" void *keel_ecu_stream_new(void) {
-    cudaStream_t st;
-    KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    return (void *)st;
-}
-extern "C" void *keel_ecu_stream_new_low(void) {
-    cudaStream_t st;
-    int least = 0, greatest = 0;
-    KEEL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    KEEL_CUDA_CHECK(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, least));
-    return (void *)st;
-}
-extern "C" void keel_ecu_stream_wait(void *st, void *ev) {
-    KEEL_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)st, (cudaEvent_t)ev, 0));
-}
-extern "C" void keel_ecu_stream_free(void *st) {
-    if (st) KEEL_CUDA_CHECK(cudaStreamDestroy((cudaStream_t)st));
-}
-extern "C" void *keel_ecu_host_alloc(size_t bytes) {
-    void *p = nullptr;
-    KEEL_CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
-    return p;
-}
-extern "C" void keel_ecu_host_free(void *p) {
-    if (p) KEEL_CUDA_CHECK(cudaFreeHost(p));
-}
-extern "C" void keel_ecu_memset(void *dst, int byte, size_t bytes, void *st) {
-    KEEL_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, (cudaStream_t)st));
-}
-extern "C" void keel_ecu_download_async(void *dst, const void *src, size_t bytes, void *st) {
-    KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)st));
-}
-extern "C" bool keel_ecu_capture_begin(void *st, char *why, size_t cap) {
-    const cudaError_t e = cudaStreamBeginCapture((cudaStream_t)st, cudaStreamCaptureModeThreadLocal);
-    if (e == cudaSuccess) return true;
-    (void)cudaGetLastError();
-    snprintf(why, cap, "cudaStreamBeginCapture: %s", cudaGetErrorString(e));
-    return false;
-}
-extern "C" bool keel_ecu_capture_end(void *st, void **exec, char *why, size_t cap) {
-    cudaGraph_t g = nullptr;
-    cudaGraphExec_t x = nullptr;
-    *exec = nullptr;
-    cudaError_t e = cudaStreamEndCapture((cudaStream_t)st, &g);
-    if (e == cudaSuccess) e = cudaGraphInstantiate(&x, g, 0);
-    if (g) (void)cudaGraphDestroy(g);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        snprintf(why, cap, "capturing the decode step as a CUDA graph: %s", cudaGetErrorString(e));
-        return false;
-    }
-    *exec = (void *)x;
-    return true;
-}
-extern "C" void keel_ecu_graph_launch(void *exec, void *st) {
-    KEEL_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)st));
-}
-extern "C" void keel_ecu_graph_free(void *exec) {
-    if (exec) KEEL_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)exec));
-}
 #endif

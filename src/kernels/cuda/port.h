@@ -27,6 +27,11 @@
 #define cudaStreamSynchronize hipStreamSynchronize
 #define cudaStreamCreate hipStreamCreate
 #define cudaStreamDestroy hipStreamDestroy
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamCreateWithPriority hipStreamCreateWithPriority
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaDeviceGetStreamPriorityRange hipDeviceGetStreamPriorityRange
+#define cudaStreamWaitEvent hipStreamWaitEvent
 #define cudaMemGetInfo hipMemGetInfo
 #define cudaGetErrorName hipGetErrorName
 #define cudaMemcpyToSymbol hipMemcpyToSymbol

@@ -208,9 +208,10 @@ static void test_graphs_same_tokens(void **state) {
     keel_cuda_engine_free(e);
 }
 
-/* The second stream changes scheduling only: logits of windows and prompt chunks, MTP logits and graph-replayed
- * greedy tokens are bit-identical with it off, on and at low priority. */
-static void test_side_stream_same_bits(void **state) {
+/* The second stream changes scheduling only, and the fused router and Mamba step give the bits of the launches they
+ * replace: logits of windows and prompt chunks, MTP logits and graph-replayed greedy tokens are bit-identical with
+ * the second stream off, on and at low priority, and with either fusion off. */
+static void test_scheduling_same_bits(void **state) {
     fx *f = *state;
     const keel_config *c = &f->model.cfg;
     const int n = f->n_tok, V = c->vocab, H = c->hidden;
@@ -218,14 +219,18 @@ static void test_side_stream_same_bits(void **state) {
     keel_err err = {0};
     assert_int_equal(keel_cuda_engine_init(&e, &f->model, 128, &err), KEEL_OK);
     const size_t nl = (size_t)n * V;
-    float *logits[3], *mtp[3], *h = malloc((size_t)n * H * sizeof(float));
-    collect toks[3];
+    enum { NCFG = 5 };
+    static const int cfg[NCFG][3] = {{0, 0, 0}, {1, 1, 1}, {2, 1, 1}, {1, 0, 1}, {1, 1, 0}}; /* side, router, mamba */
+    float *logits[NCFG], *mtp[NCFG], *h = malloc((size_t)n * H * sizeof(float));
+    collect toks[NCFG];
     memset(toks, 0, sizeof toks);
     const keel_gen_opts o = {.n_predict = 32, .samp = {.temp = 0.0f}};
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < NCFG; mode++) {
         logits[mode] = calloc(nl * 2, sizeof(float));
         mtp[mode] = calloc(nl, sizeof(float));
-        keel_cuda_engine_set_side(e, mode);
+        keel_cuda_engine_set_side(e, cfg[mode][0]);
+        keel_cuda_engine_set_fused_router(e, cfg[mode][1]);
+        keel_cuda_engine_set_fused_mamba(e, cfg[mode][2]);
         for (int w = 0; w < 2; w++) { /* exact 8-row windows, then 64-row prompt chunks */
             keel_cuda_engine_reset(e);
             keel_cuda_engine_set_window(e, w ? 64 : 8);
@@ -238,14 +243,14 @@ static void test_side_stream_same_bits(void **state) {
         assert_int_equal(keel_cuda_generate(e, f->tokens, f->prompt_len, &o, on_token, &toks[mode], &r, &err), KEEL_OK);
         assert_int_equal(toks[mode].n, 32);
     }
-    for (int mode = 1; mode < 3; mode++) {
+    for (int mode = 1; mode < NCFG; mode++) {
         assert_memory_equal(logits[mode], logits[0], nl * 2 * sizeof(float));
         assert_memory_equal(mtp[mode], mtp[0], (size_t)(n - 1) * V * sizeof(float));
         assert_memory_equal(toks[mode].ids, toks[0].ids, sizeof toks[0].ids);
     }
-    print_message("second stream off, on and at low priority: logits (8-row windows, 64-row chunks), MTP logits and "
-                  "32 graph-replayed greedy tokens bit-identical\n");
-    for (int mode = 0; mode < 3; mode++) free(logits[mode]), free(mtp[mode]);
+    print_message("second stream off, on and at low priority, fused router and Mamba step on and off: logits (8-row "
+                  "windows, 64-row chunks), MTP logits and 32 graph-replayed greedy tokens bit-identical\n");
+    for (int mode = 0; mode < NCFG; mode++) free(logits[mode]), free(mtp[mode]);
     free(h);
     keel_cuda_engine_free(e);
 }
@@ -365,7 +370,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_teacher_forced), cmocka_unit_test(test_windows_bit_identical),
         cmocka_unit_test(test_greedy),         cmocka_unit_test(test_graphs_same_tokens),
-        cmocka_unit_test(test_side_stream_same_bits), cmocka_unit_test(test_mtp),
+        cmocka_unit_test(test_scheduling_same_bits), cmocka_unit_test(test_mtp),
         cmocka_unit_test(test_f32_activations), cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, tk_ref_setup, tk_ref_teardown);
