@@ -26,6 +26,6 @@ for a in "${extra[@]}"; do
   echo "decode $a: rc=$? $(grep '^decode:' /tmp/d.log | sed 's/ at batch 1//') $(grep '^prompt:' /tmp/d.log | sed 's/.*: //')"
 done
 if [[ ${NCU_STEP:-0} == 1 ]]; then
-  timeout 150 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --launch-count 1000 $K bench decode /tmp/nano --prompt-tokens 8 ${NCU_CTX:+--context $NCU_CTX} --tokens 2 --backend cuda --graphs off >/tmp/ncu_step.log 2>&1
+  timeout 150 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --launch-count 1000 $K bench decode /tmp/nano --prompt-tokens 8 ${NCU_CTX:+--context $NCU_CTX} --tokens 2 --backend cuda --graphs off ${NCU_ARGS:-} >/tmp/ncu_step.log 2>&1
   python3 tools/device/ncu_step.py /tmp/ncu_step.log >"$OUT/ncu_step.txt" 2>&1; head -24 "$OUT/ncu_step.txt"
 fi

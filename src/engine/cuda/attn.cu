@@ -60,6 +60,7 @@ constexpr int kSplitMaxM = KEEL_ECU_ATTN_SPLIT_MAX_M;
 constexpr int kSmemMax = 65536;            /* the dynamic shared memory the tile kernel is allowed on every chip */
 constexpr int kGridTarget = 512;           /* split-K blocks a launch aims for; they loop over chunks */
 constexpr int kSeg = 128;                  /* chunks the combine kernel scans at a time (= its block size) */
+constexpr int kMergeBatch = 32;            /* chunks whose partials the combine loads together before merging */
 constexpr int kMaxHeadDim = 256;
 static_assert(kChunk % kTile == 0, "a chunk is whole tiles");
 static_assert(kPairs == 16, "the score step maps 16 pairs x 32 keys onto a warp");
@@ -456,7 +457,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
 }
 
 /* Split-K: one block per (query head, row) merges the row's chunks in order: prefix maxima by a block scan (max
- * is exact, so the scan order does not matter), then per channel the fma chain of the merge. */
+ * is exact, so the scan order does not matter), then per channel the fma chain of the merge, a batch of chunks'
+ * partials loaded before the batch's merges. */
 __global__ void __launch_bounds__(kSeg) attn_combine_kernel(AP a) {
     __shared__ float smx[kSeg], sa[kSeg], sb[kSeg], wmx[kSeg / 32];
     kp_grid_release(); /* a stream tile after this may start its weight prefetch */
@@ -488,12 +490,24 @@ __global__ void __launch_bounds__(kSeg) attn_combine_kernel(AP a) {
         __syncthreads();
         const float *po = a.part_o + (base + s0) * a.hd;
         const float *pl = a.part_ml + 2 * (base + s0) + 1;
-#pragma unroll 8
-        for (int c = 0; c < ns; c++) {
-            const float ca = sa[c], cb = sb[c];
-            L = __fmaf_rn(L, ca, __fmul_rn(pl[2 * c], cb));
-            if (d0 < a.hd) O0 = __fmaf_rn(O0, ca, __fmul_rn(po[(long long)c * a.hd + d0], cb));
-            if (d1 < a.hd) O1 = __fmaf_rn(O1, ca, __fmul_rn(po[(long long)c * a.hd + d1], cb));
+        for (int c0 = 0; c0 < ns; c0 += kMergeBatch) { /* a batch's loads all in flight, then its merges in order */
+            float lv[kMergeBatch], o0[kMergeBatch], o1[kMergeBatch];
+#pragma unroll
+            for (int j = 0; j < kMergeBatch; j++) {
+                const int c = c0 + j;
+                lv[j] = c < ns ? pl[2 * c] : 0.0f;
+                o0[j] = c < ns && d0 < a.hd ? po[(long long)c * a.hd + d0] : 0.0f;
+                o1[j] = c < ns && d1 < a.hd ? po[(long long)c * a.hd + d1] : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < kMergeBatch; j++) {
+                const int c = c0 + j;
+                if (c >= ns) continue;
+                const float ca = sa[c], cb = sb[c];
+                L = __fmaf_rn(L, ca, __fmul_rn(lv[j], cb));
+                if (d0 < a.hd) O0 = __fmaf_rn(O0, ca, __fmul_rn(o0[j], cb));
+                if (d1 < a.hd) O1 = __fmaf_rn(O1, ca, __fmul_rn(o1[j], cb));
+            }
         }
         Mprev = fmaxf(Mprev, smx[ns - 1]);
         __syncthreads();

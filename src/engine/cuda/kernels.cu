@@ -332,22 +332,31 @@ __global__ void combine_kernel(const float *y, const float *w, int m, int K, int
 constexpr int kMaxConvK = 8;
 
 /* The causal conv of channel c (of C) over m tokens, as conv_kernel computes it: the window h (K-1 earlier inputs,
- * win[k*C + c]) then each token's input at proj[r*ld + off + c]; silu outputs to out[r * ldo]; h leaves shifted. */
+ * win[k*C + c]) then each token's input at proj[r*ld + off + c]; silu outputs to out[r * ldo]; h leaves shifted.
+ * The loops run to kMaxConvK with the run-time width as a predicate, so w and h stay in registers. */
 __device__ __forceinline__ void conv_channel(const float *proj, int ld, int off, const float *win, DVec cw, DVec cb,
                                              int K, int C, int m, int c, float *out, long long ldo, float *h) {
-    float w[kMaxConvK];
-    for (int k = 0; k < K; k++) w[k] = vget(cw, (long long)c * K + k);
-    for (int k = 0; k < K - 1; k++) h[k] = win[(long long)k * C + c];
-    const float b = cb.n ? vget(cb, c) : 0.0f;
+    float w[kMaxConvK - 1];
+#pragma unroll
+    for (int k = 0; k < kMaxConvK - 1; k++) {
+        w[k] = k < K - 1 ? vget(cw, (long long)c * K + k) : 0.0f;
+        h[k] = k < K - 1 ? win[(long long)k * C + c] : 0.0f;
+    }
+    const float wl = vget(cw, (long long)c * K + K - 1), b = cb.n ? vget(cb, c) : 0.0f;
     for (int r = 0; r < m; r++) {
         const float in = proj[(long long)r * ld + off + c];
         float acc = b;
-        for (int k = 0; k < K - 1; k++) acc = __fadd_rn(acc, __fmul_rn(w[k], h[k]));
-        acc = __fadd_rn(acc, __fmul_rn(w[K - 1], in));
+#pragma unroll
+        for (int k = 0; k < kMaxConvK - 1; k++)
+            if (k < K - 1) acc = __fadd_rn(acc, __fmul_rn(w[k], h[k]));
+        acc = __fadd_rn(acc, __fmul_rn(wl, in));
         out[(long long)r * ldo] = silu(acc);
         if (PLANTED(KEEL_ECU_PLANT_NOSHIFT)) continue;
-        for (int k = 0; k + 1 < K - 1; k++) h[k] = h[k + 1];
-        if (K > 1) h[K - 2] = in;
+#pragma unroll
+        for (int k = 0; k < kMaxConvK - 1; k++) { /* h[k] = h[k + 1] below K - 2, h[K - 2] = in, by selects */
+            const float nx = k + 1 < kMaxConvK - 1 ? h[k + 1] : 0.0f;
+            h[k] = k + 1 < K - 1 ? nx : k == K - 2 ? in : h[k];
+        }
     }
 }
 
@@ -355,9 +364,11 @@ __global__ void conv_kernel(const float *proj, int ld, int off, float *win, DVec
                             float *out) {
     const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
     if (c >= C) return;
-    float h[kMaxConvK];
+    float h[kMaxConvK - 1];
     conv_channel(proj, ld, off, win, cw, cb, K, C, m, c, out + c, C, h);
-    for (int k = 0; k < K - 1; k++) win[(long long)k * C + c] = h[k];
+#pragma unroll
+    for (int k = 0; k < kMaxConvK - 1; k++)
+        if (k < K - 1) win[(long long)k * C + c] = h[k];
 }
 
 constexpr int kMaxStatePerLane = 8; /* ssm_state up to 256 */
@@ -470,10 +481,12 @@ __global__ void mamba_step_kernel(const float *proj, int ld, float *win, DVec cw
     for (int j = tid; j < np + 2 * N; j += blockDim.x) { /* the slice's x channels, then the group's B, then C */
         const int c = j < np ? h * P + p0 + j : j < np + N ? DI + grp * N + (j - np) : DI + G * N + grp * N + (j - np - N);
         const int at = j < np ? j : kMambaSlice + (j - np);
-        float hh[kMaxConvK];
+        float hh[kMaxConvK - 1];
         conv_channel(proj, ld, DI, win, cw, cb, K, CD, m, c, xs + at, W, hh);
         for (int r = 0; r < m; r++) xbc[(long long)r * CD + c] = xs[r * W + at];
-        for (int k = 0; k < K - 1; k++) {
+#pragma unroll
+        for (int k = 0; k < kMaxConvK - 1; k++) {
+            if (k >= K - 1) continue;
             if (j < np) win[(long long)k * CD + c] = hh[k];
             else hs[(j - np) * (K - 1) + k] = hh[k];
         }
