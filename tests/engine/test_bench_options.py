@@ -1,6 +1,6 @@
 """keel bench decode refuses bad options with a message naming the option, before touching a model or a device:
---context below --prompt-tokens, the CUDA engine's options (--context, --graphs, --pdl, --prefetch, --split-target, --split-long) on
-the CPU backend, values that are not numbers, on/off, or in range."""
+--context below --prompt-tokens, the CUDA engine's options (--context, --graphs, --pdl, --prefetch, --split-target, --split-long,
+--side, --fused-router, --fused-mamba) on the CPU backend, values that are not numbers, on/off (on/off/low), or in range."""
 import os
 import subprocess
 import sys
@@ -13,7 +13,11 @@ def bench(*args):
     return subprocess.run([BIN, "bench", "decode", FIX, *args], capture_output=True, text=True, timeout=120)
 
 
+CASES = [0]
+
+
 def expect(args, needle):
+    CASES[0] += 1
     r = bench(*args)
     assert r.returncode != 0, (args, r.stdout)
     assert needle in r.stderr, (args, r.stderr)
@@ -27,7 +31,8 @@ def main():
     expect(["--context", "0"], "--context '0': expected 1..16777216")
     expect(["--graphs", "maybe"], "--graphs 'maybe': expected on or off")
     expect(["--graphs"], "--graphs '': expected on or off")
-    cuda_only = "--context, --graphs, --pdl, --prefetch, --split-target and --split-long are CUDA engine options"
+    cuda_only = ("--context, --graphs, --pdl, --prefetch, --split-target, --split-long, --side, --fused-router and "
+                 "--fused-mamba are CUDA engine options")
     expect(["--context", "100", "--backend", "cpu"], cuda_only)
     expect(["--graphs", "off", "--backend", "cpu"], cuda_only)
     expect(["--pdl", "off", "--backend", "cpu"], cuda_only)
@@ -39,10 +44,16 @@ def main():
     expect(["--split-target", "0"], "--split-target '0': expected 1..64")
     expect(["--split-target", "65"], "--split-target '65': expected 1..64")
     expect(["--prefetch", "-1"], "--prefetch '-1': expected 0..64 stages")
+    expect(["--side", "off", "--backend", "cpu"], cuda_only)
+    expect(["--fused-router", "on", "--backend", "cpu"], cuda_only)
+    expect(["--fused-mamba", "on", "--backend", "cpu"], cuda_only)
+    expect(["--side", "sometimes"], "--side 'sometimes': expected on, off or low")
+    expect(["--fused-router", "yes"], "--fused-router 'yes': expected on or off")
+    expect(["--fused-mamba"], "--fused-mamba '': expected on or off")
     r = bench("--context", "5", "--prompt-tokens", "10", "--backend", "cuda")
     assert r.returncode != 0, r.stdout
     assert ("--context must be at least --prompt-tokens" in r.stderr or "built without CUDA" in r.stderr), r.stderr
-    print("bench decode option refusals: 14 cases")
+    print(f"bench decode option refusals: {CASES[0] + 1} cases")
     return 0
 
 

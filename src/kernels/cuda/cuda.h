@@ -112,9 +112,10 @@ void keel_cuda_stream_split_long(int on);
 /* Changes whenever the tiles' scratch (k-split partials, arrival counters) is reallocated, which a launch does only
  * the first time it needs more: a CUDA graph captured before a change holds freed memory and must be captured again. */
 unsigned keel_cuda_stream_scratch_epoch(void);
-/* The tiles keep that scratch per stream (launches on different streams may overlap): this frees a stream's, after
- * its work is done, before the stream is destroyed. Nothing happens for a stream that has none. */
-void keel_cuda_stream_scratch_release(void *stream);
+/* The tiles keep that scratch per stream (launches on different streams may overlap): this frees the scratch of the
+ * stream `owner` (a cudaStream_t; it launches nothing), after its work is done, before the stream is destroyed.
+ * Nothing happens for a stream that has none. */
+void keel_cuda_stream_scratch_release(void *owner);
 
 /* `keel bench stream`: the stream tiles against the chip's read bandwidth and cuBLAS (src/kernels/cuda). */
 int keel_cuda_bench_stream(int argc, char **argv);

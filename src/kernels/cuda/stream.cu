@@ -814,8 +814,8 @@ void run(const keel_cuda_qw *W, Params P, keel_dtype xdt, keel_dtype ydt, int n_
 #if !defined(keel_cuda_stream_matmul) /* the contract twin's copy keeps its own scratch and needs no epoch */
 extern "C" unsigned keel_cuda_stream_scratch_epoch(void) { return g_epoch; }
 
-extern "C" void keel_cuda_stream_scratch_release(void *stream) {
-    const cudaStream_t st = (cudaStream_t)stream;
+extern "C" void keel_cuda_stream_scratch_release(void *owner) {
+    const cudaStream_t st = (cudaStream_t)owner;
     for (int i = 0; i < g_n_scr; i++) {
         if (g_scr[i].st != st) continue;
         KEEL_CUDA_CHECK(cudaStreamSynchronize(st));

@@ -730,6 +730,7 @@ static void test_graph_capture(void **state) {
 #undef LAUNCHES
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
+    keel_cuda_stream_scratch_release(st);
     CK(cudaStreamDestroy(st));
     keel_cuda_free(dy);
     keel_cuda_free(dx);
