@@ -462,6 +462,7 @@ __global__ void gate_norm_kernel(const float *y, const float *proj, int ld, DVec
  * has read them by then) and applies the gated norm of the group (gate_norm_group). The same device functions as
  * conv_kernel, ssm_kernel and gate_norm_kernel, so their bits. */
 constexpr int kMambaSlice = 16; /* channels a block: two a warp */
+static_assert(kMambaSlice == 2 * (kNormThreads / 32), "the fused Mamba step gives each warp two channels");
 
 __global__ void mamba_step_kernel(const float *proj, int ld, float *win, DVec cw, DVec cb, int K, float *state,
                                   DVec dtb, DVec alog, DVec Dv, int NH, int P, int N, int G, int m, DVec nw, float eps,
