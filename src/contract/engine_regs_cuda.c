@@ -222,6 +222,19 @@ static void launch_router_sequence(const keel_contract_reg *reg, const keel_cont
     keel_ecu_route_union(p[6], p[5], m, R_K1, n, KEEL_MIN(n, 8 * R_K1), p[7], p[8], NULL);
 }
 
+/* The launches a fused kind replaces (gate 4 holds it to their bits) and their names for a failure; NULL otherwise. */
+static keel_contract_launch_fn sequence_of(int kind, const char **what) {
+    if (kind == K_MAMBA) {
+        *what = "fused Mamba step vs conv, scan, gated norm";
+        return launch_mamba_sequence;
+    }
+    if (kind == K_ROUTER) {
+        *what = "fused router vs matvec, route, route_union";
+        return launch_router_sequence;
+    }
+    return NULL;
+}
+
 static void launch_real(const keel_contract_reg *reg, const keel_contract_args *a) {
     (void)reg;
     launch_with(&REAL, a->x);
@@ -456,20 +469,15 @@ static void engine_run(const keel_contract_table *t, const keel_contract_reg *re
                             gr->pass = run_case(reg, launch, &c, o2, true, gr->detail, sizeof gr->detail) &&
                                        same_bits(&c, o1, o2, -1, gr->detail, sizeof gr->detail);
                             free_outs(&c, o2);
-                            if (gr->pass && c.kind == K_MAMBA) { /* the fused step equals the three launches */
-                                gr->pass = run_case(reg, launch_mamba_sequence, &c, o2, true, gr->detail,
-                                                    sizeof gr->detail) &&
+                            const char *what = NULL;
+                            const keel_contract_launch_fn seq = sequence_of(c.kind, &what);
+                            if (gr->pass && seq) { /* a fused kernel equals the launches it replaces */
+                                gr->pass = run_case(reg, seq, &c, o2, true, gr->detail, sizeof gr->detail) &&
                                            same_bits(&c, o1, o2, -1, gr->detail, sizeof gr->detail);
-                                if (!gr->pass) strncat(gr->detail, " (fused Mamba step vs conv, scan, gated norm)",
-                                                       sizeof gr->detail - strlen(gr->detail) - 1);
-                                free_outs(&c, o2);
-                            }
-                            if (gr->pass && c.kind == K_ROUTER) { /* the fused router equals the three launches */
-                                gr->pass = run_case(reg, launch_router_sequence, &c, o2, true, gr->detail,
-                                                    sizeof gr->detail) &&
-                                           same_bits(&c, o1, o2, -1, gr->detail, sizeof gr->detail);
-                                if (!gr->pass) strncat(gr->detail, " (fused router vs matvec, route, route_union)",
-                                                       sizeof gr->detail - strlen(gr->detail) - 1);
+                                if (!gr->pass) {
+                                    const size_t at = strlen(gr->detail);
+                                    snprintf(gr->detail + at, sizeof gr->detail - at, " (%s)", what);
+                                }
                                 free_outs(&c, o2);
                             }
                             if (gr->pass && m > 1 && rowwise(c.kind))

@@ -183,10 +183,13 @@ void keel_cuda_engine_set_graphs(keel_cuda_engine *e, bool on);
  * routed experts; k and v beside q): 0 off, 1 on (default), 2 on with the second stream at the lowest priority.
  * Scheduling only: the same bits either way. Other values: 1. Per-family profiling runs with it off. */
 void keel_cuda_engine_set_side(keel_cuda_engine *e, int mode);
+#define KEEL_CUDA_ENGINE_SIDE_DEFAULT 1
 /* The MoE router (logits, top-k, the 8-row groups' unions) as one launch or three (default); the same bits. */
 void keel_cuda_engine_set_fused_router(keel_cuda_engine *e, bool on);
+#define KEEL_CUDA_ENGINE_FUSED_ROUTER_DEFAULT 0
 /* Mamba's decode step (conv, scan, gated norm) as one launch or three (default); the same bits. */
 void keel_cuda_engine_set_fused_mamba(keel_cuda_engine *e, bool on);
+#define KEEL_CUDA_ENGINE_FUSED_MAMBA_DEFAULT 0
 /* Benchmarks of long-context decode: keel_cuda_generate places its prompt at position pos (0: normal), the KV
  * cache holding zeros before it. */
 void keel_cuda_engine_set_start(keel_cuda_engine *e, int pos);

@@ -1,5 +1,6 @@
-# Sourced by the device scripts (levers.sh, split.sh, closing2.sh): logs under $OUT, the carried .devdeps and
-# .devfix, and two helpers. Set NAME before sourcing; OUT defaults to /tmp/keel-$NAME, the build to build-$NAME.
+# Sourced by the device scripts (levers.sh, split.sh, closing2.sh, closing3.sh, quick.sh, levers4.sh): logs under
+# $OUT, the carried .devdeps and .devfix, and helpers (build, step, checks, ncu_step). Set NAME before sourcing; OUT
+# defaults to /tmp/keel-$NAME, the build to build-$NAME.
 set -uo pipefail
 OUT=${OUT:-/tmp/keel-$NAME}
 B=${BUILD_DIR:-build-$NAME}
@@ -24,4 +25,25 @@ step() {
   local rc=$?
   echo "== $name: rc=$rc in $(( $(date +%s) - t )) s"
   tail -n "${TAILN:-8}" "$OUT/$name.log"
+}
+# checks: the whole CUDA contract ($OUT/contract.log: its SUMMARY and failures printed), then the stream-tile, engine
+# and agreement tests ($OUT/<test>.log: rc, PASSED/FAILED, assertion lines, the agreement lines)
+checks() {
+  local t=$(date +%s)
+  timeout 240 $K contract --backend cuda ${CONTRACT_ARGS:-} >"$OUT/contract.log" 2>&1
+  echo "contract rc=$? in $(( $(date +%s) - t )) s"; grep -E "^(FAIL|MISSED|LIMIT)" "$OUT/contract.log" | head -10; grep -E "^SUMMARY" "$OUT/contract.log"
+  local tb
+  for tb in kernels_cuda_test_stream_cuda engine_cuda_test_cuda_engine engine_cuda_test_cuda_synth; do
+    timeout 200 $B/tests/$tb >"$OUT/$tb.log" 2>&1; echo "$tb rc=$? $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/$tb.log" | head -2)"
+    grep -E "FAILED|Assert|mismatch|differ" "$OUT/$tb.log" | head -5
+  done
+  grep -E "agreement" "$OUT/engine_cuda_test_cuda_synth.log" | cut -c1-200
+}
+# ncu_step [ncu_step.py options]: one launch-by-launch decode step of /tmp/nano through ncu (no cache flush, no clock
+# control; NCU_CTX=C: at context C; NCU_ARGS: more bench decode options), its GPU time per kernel to $OUT/ncu_step.txt
+ncu_step() {
+  timeout 150 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --launch-count 1000 \
+    $K bench decode /tmp/nano --prompt-tokens 8 ${NCU_CTX:+--context $NCU_CTX} --tokens 2 --backend cuda --graphs off \
+    ${NCU_ARGS:-} >/tmp/ncu_step.log 2>&1
+  python3 tools/device/ncu_step.py /tmp/ncu_step.log "$@" >>"$OUT/ncu_step.txt" 2>&1
 }

@@ -19,7 +19,6 @@ for a in "${extra[@]}"; do
   echo "decode $a: rc=$? $(grep '^decode:' /tmp/d.log)"
 done
 if [[ ${NCU_STEP:-0} == 1 ]]; then # GPU time per kernel of one launch-by-launch decode step (ncu, no cache flush)
-  timeout 150 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --launch-count 1000 $K bench decode /tmp/nano --prompt-tokens 8 --tokens 2 --backend cuda --graphs off >/tmp/ncu_step.log 2>&1
-  python3 tools/device/ncu_step.py /tmp/ncu_step.log >"$OUT/ncu_step.txt" 2>&1; head -20 "$OUT/ncu_step.txt"
+  ncu_step; head -20 "$OUT/ncu_step.txt"
   python3 tools/device/ncu_step.py /tmp/ncu_step.log --launches stream_tile >>"$OUT/ncu_step.txt" 2>&1
 fi

@@ -67,8 +67,8 @@ int keel_engine_bench_decode(int argc, char **argv) {
     int P = 512, N = 128, backend = -1, C = 0;
     bool f32 = false, graphs = true;
     int pdl = -1, prefetch = -1, split_q = -1, split_long = -1; /* the stream tiles' levers; -1: not given, the library's default */
-    int side = -1; /* the engine's second stream: 0 off, 1 on, 2 low priority; -1: not given (on) */
-    int fused_router = -1, fused_mamba = -1; /* -1: not given (off) */
+    int side = -1; /* the engine's second stream: 0 off, 1 on, 2 low priority; -1: not given, the engine's default */
+    int fused_router = -1, fused_mamba = -1; /* -1: not given, the engine's default */
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -168,9 +168,9 @@ int keel_engine_bench_decode(int argc, char **argv) {
         if (prefetch < 0) prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT;
         if (split_q < 0) split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
         if (split_long < 0) split_long = KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT;
-        if (side < 0) side = 1;
-        if (fused_router < 0) fused_router = 0;
-        if (fused_mamba < 0) fused_mamba = 0;
+        if (side < 0) side = KEEL_CUDA_ENGINE_SIDE_DEFAULT;
+        if (fused_router < 0) fused_router = KEEL_CUDA_ENGINE_FUSED_ROUTER_DEFAULT;
+        if (fused_mamba < 0) fused_mamba = KEEL_CUDA_ENGINE_FUSED_MAMBA_DEFAULT;
         keel_cuda_stream_split_long(split_long);
         keel_cuda_stream_pdl(pdl);
         keel_cuda_stream_prefetch(prefetch);

@@ -367,9 +367,9 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     e->arena_bytes = c.off;
     e->st = keel_ecu_stream_new();
     e->side = keel_ecu_stream_new();
-    e->side_mode = 1;
-    e->fused_router = false; /* both fusions measured slower than their three launches in the decode graph */
-    e->fused_mamba = false;
+    e->side_mode = KEEL_CUDA_ENGINE_SIDE_DEFAULT;
+    e->fused_router = KEEL_CUDA_ENGINE_FUSED_ROUTER_DEFAULT; /* both fusions are slower than their three launches */
+    e->fused_mamba = KEEL_CUDA_ENGINE_FUSED_MAMBA_DEFAULT;   /* in the decode graph (docs/performance.md) */
     e->fork = keel_ecu_event_new();
     e->join = keel_ecu_event_new();
     e->hpin = keel_ecu_host_alloc(4 * sizeof(int));
@@ -516,7 +516,7 @@ void keel_cuda_engine_set_fused_router(keel_cuda_engine *e, bool on) {
 }
 
 void keel_cuda_engine_set_side(keel_cuda_engine *e, int mode) {
-    if (mode < 0 || mode > 2) mode = 1;
+    if (mode < 0 || mode > 2) mode = KEEL_CUDA_ENGINE_SIDE_DEFAULT;
     if (mode == e->side_mode) return;
     drop_graph(e);
     if ((mode == 2) != (e->side_mode == 2)) { /* the stream's priority is fixed at its creation */
@@ -581,24 +581,22 @@ static void mamba(keel_cuda_engine *e, const dmamba *w, int slot, int m) {
     keel_ecu_add_bias(e->proj, m, PD, PD, &w->in_bias, e->st);
     float *win = e->conv + (size_t)slot * (size_t)KEEL_MAX(K - 1, 0) * (size_t)CD;
     float *st = e->ssm + (size_t)slot * (size_t)g->mamba_heads * (size_t)g->mamba_head_dim * (size_t)g->ssm_state;
+    const keel_ecu_vec *cb = g->conv_bias ? &w->conv_b : NULL;
     if (m <= WIN && e->fused_mamba) { /* conv, scan and gated norm in one launch: the three's bits */
-        keel_ecu_mamba_step(e->proj, PD, win, &w->conv_w, g->conv_bias ? &w->conv_b : NULL, K, st, &w->dt_bias,
-                            &w->A_log, &w->D, g->mamba_heads, g->mamba_head_dim, g->ssm_state, g->n_groups, m, &w->norm,
-                            g->norm_eps, e->xbc, e->ymid, e->mcnt, e->f32 ? NULL : e->midb, e->f32 ? e->midf : NULL,
-                            e->st);
-        fam_end(e);
-        mm(e, KEEL_CUF_PROJ, &w->out_proj, e->f32 ? e->midf : NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
-        return;
+        keel_ecu_mamba_step(e->proj, PD, win, &w->conv_w, cb, K, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
+                            g->mamba_head_dim, g->ssm_state, g->n_groups, m, &w->norm, g->norm_eps, e->xbc, e->ymid,
+                            e->mcnt, e->f32 ? NULL : e->midb, e->f32 ? e->midf : NULL, e->st);
+    } else {
+        keel_ecu_conv(e->proj, PD, DI, win, &w->conv_w, cb, K, CD, m, e->xbc, e->st);
+        if (m <= WIN) /* exact windows: the per-token step, whose bits a row alone gets too */
+            keel_ecu_ssm(e->xbc, CD, e->proj, PD, DI + CD, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
+                         g->mamba_head_dim, g->ssm_state, g->n_groups, m, e->ymid, e->st);
+        else /* prompt chunks: the chunked scan, within the gate-3 bound of stepping */
+            keel_ecu_ssm_chunked(e->xbc, CD, e->proj, PD, DI + CD, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
+                                 g->mamba_head_dim, g->ssm_state, g->n_groups, m, e->ymid, e->st);
+        keel_ecu_gate_norm(e->ymid, e->proj, PD, &w->norm, g->n_groups, DI, g->norm_eps, m, e->f32 ? NULL : e->midb,
+                           e->f32 ? e->midf : NULL, e->st);
     }
-    keel_ecu_conv(e->proj, PD, DI, win, &w->conv_w, g->conv_bias ? &w->conv_b : NULL, K, CD, m, e->xbc, e->st);
-    if (m <= WIN) /* exact windows: the per-token step, whose bits a row alone gets too */
-        keel_ecu_ssm(e->xbc, CD, e->proj, PD, DI + CD, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
-                     g->mamba_head_dim, g->ssm_state, g->n_groups, m, e->ymid, e->st);
-    else /* prompt chunks: the chunked scan, within the gate-3 bound of stepping */
-        keel_ecu_ssm_chunked(e->xbc, CD, e->proj, PD, DI + CD, st, &w->dt_bias, &w->A_log, &w->D, g->mamba_heads,
-                             g->mamba_head_dim, g->ssm_state, g->n_groups, m, e->ymid, e->st);
-    keel_ecu_gate_norm(e->ymid, e->proj, PD, &w->norm, g->n_groups, DI, g->norm_eps, m, e->f32 ? NULL : e->midb,
-                       e->f32 ? e->midf : NULL, e->st);
     fam_end(e);
     mm(e, KEEL_CUF_PROJ, &w->out_proj, e->f32 ? e->midf : NULL, e->midb, m, e->mix, KEEL_DT_F32, KEEL_EPI_NONE);
 }
@@ -638,8 +636,11 @@ static void moe(keel_cuda_engine *e, const dmoe *w, int m) {
     const keel_config *g = e->cfg;
     const int H = g->hidden, K = g->top_k, E = g->n_experts;
     const int cap = KEEL_MIN(E, WIN * K);
-    void *side = g->n_shared > 0 ? fork_side(e) : e->st;
-    if (g->n_shared > 0) mlp_on(e, side, &w->shared, m, e->mix2);
+    void *side = e->st;
+    if (g->n_shared > 0) {
+        side = fork_side(e);
+        mlp_on(e, side, &w->shared, m, e->mix2);
+    }
     fam_begin(e, KEEL_CUF_ROUTER); /* logits, top-k, then the 8-row groups' unions */
     if (!e->f32 && e->fused_router && w->gate.bits == 0) { /* the three in one launch */
         keel_ecu_router(&w->gate, e->xnf, m, e->router, &w->corr, K, g->n_group, g->topk_group, g->norm_topk_prob,

@@ -123,7 +123,6 @@ static __device__ __forceinline__ float kp_shfl_xor_f32(float v, int mask) {
     return __uint_as_float(kp_shfl_xor(__float_as_uint(v), mask));
 }
 static __device__ __forceinline__ int kp_shfl_xor_i32(int v, int mask) { return (int)kp_shfl_xor((uint32_t)v, mask); }
-/* Lane i gets lane i + d's float (lanes past 31 keep their own). */
 /* Bit l set where lane l's p is true (the 32 lanes of a warp, all calling). */
 static __device__ __forceinline__ uint32_t kp_ballot(bool p) {
 #if defined(__HIPCC__)
@@ -132,6 +131,7 @@ static __device__ __forceinline__ uint32_t kp_ballot(bool p) {
     return __ballot_sync(KP_FULL_MASK, p);
 #endif
 }
+/* Lane i gets lane i + d's float (lanes past 31 keep their own). */
 static __device__ __forceinline__ float kp_shfl_down_f32(float v, int d) {
 #if defined(__HIPCC__)
     return __shfl_down(v, (unsigned)d, 32);
