@@ -116,7 +116,7 @@ struct Params {
     int diag;               /* benchmark diagnosis only: 1 skips the arithmetic, 2 the weight copies */
     int pfs;                /* stages per L2 prefetch chunk of each row (0: none); one chunk ahead of the ring */
     int fold;               /* the last block of a tile adds the partials (else stream_finish does) */
-    int fast;               /* the common launch: stream_loop's FAST variant */
+    int fast;               /* the common launch: stream_loop_fast */
     float *part;            /* splits > 1 or MODE_REDUCE: [split][item][8][n] fp32 partials */
     unsigned *cnt;          /* arrivals per (tile, item) (per tile in MODE_REDUCE); zero between launches */
 };
@@ -196,9 +196,9 @@ template <int B> struct Prod {
 /* Issues the asynchronous copies of stage s (codes, scales, biases of the warp's 16 rows) into `slot`, then
  * commits a group (also when there is nothing to copy, so that group counting stays uniform). A partial last
  * stage copies only its blocks; the blocks after them are never read with non-zero x. roff/doff: the lane's code
- * vectors as word offsets in the matrix and the slot (stream_loop). FAST: the launch's choices known at compile
- * time (16-byte code copies with the L2 hint, 4-byte aligned 16-bit scales, no diagnosis). */
-template <int B, bool FAST>
+ * vectors as word offsets in the matrix and the slot (stream_loop). The general loop's copies; issue_fast is the
+ * FAST loop's. */
+template <int B>
 __device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, int s, uint32_t *slot, int lane,
                                             const int *roff, const int *doff) {
     using G = Geo<B>;
@@ -206,12 +206,12 @@ __device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, i
     if (k0 < Q.ke) {
         const int nb = min(G::NBC, (Q.ke - k0) >> 5), nw = nb * B;
         const uint32_t *wk = Q.wb + (k0 >> 5) * B;
-        if (!FAST && P.diag == 2) {
-        } else if (FAST || P.vec16) {
+        if (P.diag == 2) {
+        } else if (P.vec16) {
 #pragma unroll
             for (int i = 0; i < G::VPL; i++) {
                 if (4 * ((i * 32 + lane) % (G::WPR / 4)) >= nw) continue;
-                if (FAST || P.l2_block)
+                if (P.l2_block)
                     kp_cp_async16_l2(slot + doff[i], wk + roff[i]);
                 else
                     kp_cp_async16(slot + doff[i], wk + roff[i]);
@@ -228,11 +228,11 @@ __device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, i
         const int ngs = (nb * 32) >> Q.lg;
         const long long e0 = Q.e + (k0 >> Q.lg);
         uint32_t *dst = slot + G::CW + (lane >> 4) * (kRowsPerWarp * P.sw) + (lane & 15) * P.sw;
-        if (!FAST && P.sdt == SDT_F32) {
+        if (P.sdt == SDT_F32) {
 #pragma unroll
             for (int i = 0; i < G::SWMAX; i++)
                 if (i < ngs) kp_cp_async4(dst + i, (const float *)Q.base + e0 + i);
-        } else if (FAST || P.sb4) { /* the words holding halves e0 .. e0 + ngs - 1 */
+        } else if (P.sb4) { /* the words holding halves e0 .. e0 + ngs - 1 */
             const long long w0 = e0 >> 1;
             const int nwd = ((int)(e0 & 1) + ngs + 1) >> 1;
             const bool tail = 2 * (w0 + nwd - 1) + 1 >= Q.e_end; /* the last word would reach past the matrix */
@@ -429,11 +429,25 @@ __device__ __forceinline__ void finish_out(const Params &P, int o, int r, int ro
     KEEL_PLANT_STORE(P.y, (long long)o * P.y_item + at, v, P.ydt_bf16, P.last);
 }
 
-/* The warp's walk over its slice: the ring's first stages, the wait for the previous kernel, then per stage the
- * x-chunk (block-wide), the next stage's copies, the (scale, bias) table and the stage body. FAST is the common
- * launch (16-byte code copies, 4-byte aligned 16-bit scales, a ring of two or more slots, no diagnosis or prefetch)
- * with those choices made at compile time; the copies and the arithmetic are the same either way. */
-template <int B, bool XF16, bool FAST>
+/* A new x-chunk at k0 for the block (every warp is done with the last one): x in fragment order, then its group
+ * sums. Returns the chunk's blocks of 32 codes (whole stages of SK codes). */
+template <int SK, bool XF16>
+__device__ __forceinline__ int next_chunk(const Params &P, const uint16_t *__restrict__ x, uint32_t mask, int k0, int ke,
+                                          uint4 *xf, float *xs) {
+    __syncthreads();
+    const int len = min(P.xk, ke - k0), lenp = (len + SK - 1) / SK * SK;
+    stage_x(P, x, mask, k0, len, lenp, xf);
+    __syncthreads();
+    stage_xsum<XF16>(P, lenp, xf, xs);
+    __syncthreads();
+    return lenp >> 5;
+}
+
+/* The warp's walk over its slice, for launches the FAST loop does not take (unaligned W or scales, F32 scales, a
+ * one-slot ring, diagnosis, L2 prefetch): the ring's first stages, the wait for the previous kernel, then per
+ * stage the x-chunk (block-wide), the next stage's copies, the (scale, bias) table and the stage body. The copies
+ * and the arithmetic are the FAST loop's, so either gives the same bits. */
+template <int B, bool XF16>
 __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, const uint16_t *__restrict__ x,
                                             uint32_t mask, uint4 *xf, float *xs, float2 *sbf, uint32_t *ring,
                                             int lane, int lg, int lbpg, int nstage, float acc[4]) {
@@ -449,33 +463,25 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
     const int tw = (t * B) >> 2, tsh = ((t * B) & 3) * 8;
     const bool xlive = g < P.m, xs0ok = 2 * t < P.m, xs1ok = 2 * t + 1 < P.m;
 
-    if (!FAST && P.pfs) {
+    if (P.pfs) {
         prefetch_chunk<B>(P, Q, 0, lane);
         prefetch_chunk<B>(P, Q, 1, lane);
     }
-    for (int s = 0; s < nst - 1; s++) issue_stage<B, FAST>(P, Q, s, ring + s * stride, lane, roff, doff);
+    for (int s = 0; s < nst - 1; s++) issue_stage<B>(P, Q, s, ring + s * stride, lane, roff, doff);
     kp_grid_wait(); /* weights only so far: x, the partials and the counters belong to the previous kernel until now */
 
     int kc = 0, slot_i = 0, nblk = 0; /* position in the x-chunk; ring slot of stage s; the chunk's blocks */
     for (int s = 0; s < nstage; s++) {
         const int k0 = Q.ks + s * G::SK;
-        if (!FAST && P.pfs && s > 0 && s % P.pfs == 0) prefetch_chunk<B>(P, Q, s / P.pfs + 1, lane);
-        if (kc == 0) { /* a new x-chunk: every warp is done with the last one */
-            __syncthreads();
-            const int len = min(P.xk, Q.ke - k0), lenp = (len + G::SK - 1) / G::SK * G::SK;
-            nblk = lenp >> 5;
-            stage_x(P, x, mask, k0, len, lenp, xf);
-            __syncthreads();
-            stage_xsum<XF16>(P, lenp, xf, xs);
-            __syncthreads();
-        }
+        if (P.pfs && s > 0 && s % P.pfs == 0) prefetch_chunk<B>(P, Q, s / P.pfs + 1, lane);
+        if (kc == 0) nblk = next_chunk<G::SK, XF16>(P, x, mask, k0, Q.ke, xf, xs);
         /* stage s + nst - 1 goes into the slot stage s - 1 used; a ring of one slot (F32 scales, group 32, wide
          * codes) copies stage s itself, then waits for it */
-        if (FAST || nst > 1) kp_cp_wait_dyn(nst - 2);
+        if (nst > 1) kp_cp_wait_dyn(nst - 2);
         kp_syncwarp(); /* stage s has landed for every lane (nst > 1); every lane is done with stage s - 1 */
         const int next = slot_i + nst - 1 < nst ? slot_i + nst - 1 : slot_i - 1;
-        issue_stage<B, FAST>(P, Q, s + nst - 1, ring + next * stride, lane, roff, doff);
-        if (!FAST && nst == 1) {
+        issue_stage<B>(P, Q, s + nst - 1, ring + next * stride, lane, roff, doff);
+        if (nst == 1) {
             kp_cp_wait<0>();
             kp_syncwarp();
         }
@@ -487,7 +493,7 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
             const long long e0 = Q.e + (k0 >> lg);
             const uint32_t *raw = slot + G::CW + which * (kRowsPerWarp * P.sw) + rr * P.sw;
             float *dst = (float *)(sbf + rr * G::SBR) + which;
-            if (FAST || P.sdt != SDT_F32) { /* 16-bit: predicated loads, a zero half is 0.0f in both dtypes */
+            if (P.sdt != SDT_F32) { /* 16-bit: predicated loads, a zero half is 0.0f in both dtypes */
                 const uint16_t *r16 = (const uint16_t *)raw + (int)(e0 & 1);
                 const bool bf = P.sdt == SDT_BF16;
 #pragma unroll
@@ -501,7 +507,7 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
             }
         }
         kp_syncwarp();
-        if (FAST || P.diag != 1) {
+        if (P.diag != 1) {
             const int ngc = nblk * 32 >> lg; /* groups in this x-chunk */
             const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
             const uint4 *xfb = xf + (g * nblk + (kc >> 5)) * 4 + t;
@@ -513,6 +519,133 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
                 stage_body<B, XF16, 2>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
             else
                 stage_body<B, XF16, 4>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
+        }
+        kc += G::SK;
+        if (kc == P.xk) kc = 0;
+        slot_i = slot_i == nst - 1 ? 0 : slot_i + 1;
+    }
+    kp_cp_wait<0>();
+}
+
+/* The FAST loop's copy state of one lane: the stage's code words (advanced a stage at a time) and the lane's code
+ * vectors in it and in a slot; the lane's scale (lanes 0..15) or bias (16..31) halves of its row. */
+template <int B> struct FastCopy {
+    const uint32_t *wk;          /* the next stage to issue: its first code word of row 0 of the matrix */
+    int roff[Geo<B>::VPL];       /* the lane's code vectors: word offsets from wk (rows clamped) */
+    int doff[Geo<B>::VPL];       /* ... and in a slot */
+    const uint16_t *sh;          /* the lane's first half of the next stage to issue */
+    int rem;                     /* halves from sh to the end of the item's scales (capped) */
+    int sdo;                     /* the lane's raw scale words in a slot */
+};
+
+/* FAST issue of the stage at k0 into `slot` (16-byte code copies asking L2 for 256-byte blocks; the 32-bit words
+ * holding the stage's GPS scale halves, the last one alone when its second half lies past the matrix), then the
+ * commit; the same bytes land where issue_stage puts them. Advances C by a stage. */
+template <int B, int GPS>
+__device__ __forceinline__ void issue_fast(const Prod<B> &Q, FastCopy<B> &C, int k0, uint32_t *slot, int lane) {
+    using G = Geo<B>;
+    constexpr int LG = GPS * 32 == G::SK ? 5 : 2 * GPS * 32 == G::SK ? 6 : 7; /* log2 of the group */
+    if (k0 < Q.ke) {
+        const bool full = k0 + G::SK <= Q.ke;
+        const int nb = full ? G::NBC : (Q.ke - k0) >> 5, nw = nb * B;
+#pragma unroll
+        for (int i = 0; i < G::VPL; i++)
+            if (full || 4 * ((i * 32 + lane) % (G::WPR / 4)) < nw) kp_cp_async16_l2(slot + C.doff[i], C.wk + C.roff[i]);
+        const int ngs = full ? GPS : (nb * 32) >> LG, par = (int)(((uintptr_t)C.sh >> 1) & 1u);
+        const uint32_t *ws = (const uint32_t *)(C.sh - par);
+        const int nwd = (par + ngs + 1) >> 1;
+        const bool tail = 2 * nwd - 1 - par >= C.rem; /* the last word would reach past the matrix */
+        uint32_t *dst = slot + C.sdo;
+#pragma unroll
+        for (int i = 0; i < GPS / 2 + 1; i++)
+            if (i < nwd - (int)tail) kp_cp_async4(dst + i, ws + i);
+        if (tail) /* its first half alone, synchronously */
+            ((uint16_t *)(dst + nwd - 1))[0] = ((const uint16_t *)ws)[2 * (nwd - 1)];
+    }
+    C.wk += G::NBC * B;
+    C.sh += GPS;
+    C.rem -= GPS;
+    kp_cp_commit();
+}
+
+/* The FAST loop's (scale, bias) table of a stage: the lane's GPS halves (loaded together, then converted) as fp32
+ * at dst[2 * gs]; groups from ngs on (past the slice end) get zeros. */
+template <int GPS>
+__device__ __forceinline__ void fill_table_fast(const uint16_t *r16, float *dst, int ngs, bool bf) {
+    uint16_t h[GPS];
+#pragma unroll
+    for (int gs = 0; gs < GPS; gs++) h[gs] = r16[gs]; /* within the slot's scale words */
+    float v[GPS];
+    if (bf) {
+#pragma unroll
+        for (int gs = 0; gs < GPS; gs++) v[gs] = kp_bf16_to_f32(h[gs]);
+    } else {
+#pragma unroll
+        for (int gs = 0; gs < GPS; gs++) v[gs] = kp_f16_to_f32(h[gs]);
+    }
+    if (ngs < GPS) {
+#pragma unroll
+        for (int gs = 0; gs < GPS; gs++) v[gs] = gs < ngs ? v[gs] : 0.f;
+    }
+#pragma unroll
+    for (int gs = 0; gs < GPS; gs++) dst[2 * gs] = v[gs];
+}
+
+/* The common launch's walk over its slice (16-byte code copies, 4-byte aligned 16-bit scales, a ring of two or more
+ * slots, no diagnosis or prefetch), with the group (BPG blocks) known at compile time: per-lane copy state advanced
+ * a stage at a time, the (scale, bias) table converted from loads issued together, and the x rows past m read from
+ * row 0 (their output columns are never stored). The same copies and arithmetic as stream_loop: the same bits. */
+template <int B, bool XF16, int BPG>
+__device__ __forceinline__ void stream_loop_fast(const Params &P, const Prod<B> &Q, const uint16_t *__restrict__ x,
+                                                 uint32_t mask, uint4 *xf, float *xs, float2 *sbf, uint32_t *ring,
+                                                 int lane, int nstage, float acc[4]) {
+    using G = Geo<B>;
+    constexpr int GPS = G::NBC / BPG, LG = BPG == 1 ? 5 : BPG == 2 ? 6 : 7;
+    const int g = lane >> 2, t = lane & 3, nst = P.nst, stride = P.stride;
+    FastCopy<B> C;
+    C.wk = Q.wb + (Q.ks >> 5) * B;
+#pragma unroll
+    for (int i = 0; i < G::VPL; i++) {
+        const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
+        C.roff[i] = min(Q.row0 + rr, Q.rlast) * Q.rw + 4 * u;
+        C.doff[i] = rr * G::RS + 4 * u;
+    }
+    const long long e0 = Q.e + (Q.ks >> LG);
+    C.sh = (const uint16_t *)Q.base + e0;
+    C.rem = (int)min(Q.e_end - e0, 1ll << 30);
+    C.sdo = G::CW + (lane >> 4) * (kRowsPerWarp * P.sw) + (lane & 15) * P.sw;
+    const int par0 = (int)(e0 & 1);
+    const int tw = (t * B) >> 2, tsh = ((t * B) & 3) * 8;
+    const int gx = g < P.m ? g : 0, r0 = 2 * t < P.m ? 2 * t : 0, r1 = 2 * t + 1 < P.m ? 2 * t + 1 : 0;
+    const bool bf = P.sdt == SDT_BF16;
+
+    for (int s = 0; s < nst - 1; s++) issue_fast<B, GPS>(Q, C, Q.ks + s * G::SK, ring + s * stride, lane);
+    kp_grid_wait(); /* weights only so far: x, the partials and the counters belong to the previous kernel until now */
+
+    int kc = 0, slot_i = 0, nblk = 0; /* position in the x-chunk; ring slot of stage s; the chunk's blocks */
+    for (int s = 0; s < nstage; s++) {
+        const int k0 = Q.ks + s * G::SK;
+        if (kc == 0) nblk = next_chunk<G::SK, XF16>(P, x, mask, k0, Q.ke, xf, xs);
+        kp_cp_wait_dyn(nst - 2);
+        kp_syncwarp(); /* stage s has landed for every lane; every lane is done with stage s - 1 */
+        const int next = slot_i + nst - 1 < nst ? slot_i + nst - 1 : slot_i - 1;
+        issue_fast<B, GPS>(Q, C, k0 + (nst - 1) * G::SK, ring + next * stride, lane);
+
+        const uint32_t *slot = ring + slot_i * stride;
+        { /* the stage's scales and biases to fp32 (scale, bias) pairs; groups past the slice end get zeros */
+            const int ngs = (min(G::NBC, (Q.ke - k0) >> 5) * 32) >> LG;
+            const int par = (GPS & 1) ? (par0 + s * GPS) & 1 : par0;
+            fill_table_fast<GPS>((const uint16_t *)(slot + C.sdo) + par, (float *)(sbf + (lane & 15) * G::SBR) + (lane >> 4),
+                                 ngs, bf);
+        }
+        kp_syncwarp();
+        {
+            const int ngc = nblk * 32 >> LG; /* groups in this x-chunk */
+            const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
+            const uint4 *xfb = xf + (gx * nblk + (kc >> 5)) * 4 + t;
+            const float *xsa = xs + r0 * ngc + (kc >> LG), *xsb = xs + r1 * ngc + (kc >> LG);
+            const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
+            stage_body<B, XF16, BPG>(ra, rb, tsh, xfb, true, xsa, xsb, true, true, sa, sb, P.epi, acc);
         }
         kc += G::SK;
         if (kc == P.xk) kc = 0;
@@ -561,10 +694,14 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
     const int nstage = (Q.ke - Q.ks + G::SK - 1) / G::SK;
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (P.fast)
-        stream_loop<B, XF16, true>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, lg, lbpg, nstage, acc);
+    if (P.fast && lbpg == 0)
+        stream_loop_fast<B, XF16, 1>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, nstage, acc);
+    else if (P.fast && lbpg == 1)
+        stream_loop_fast<B, XF16, 2>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, nstage, acc);
+    else if (P.fast)
+        stream_loop_fast<B, XF16, 4>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, nstage, acc);
     else
-        stream_loop<B, XF16, false>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, lg, lbpg, nstage, acc);
+        stream_loop<B, XF16>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, lg, lbpg, nstage, acc);
 
     KEEL_PLANT_ROWS(acc, P.ydt_bf16);
     const bool to_part = P.splits > 1 || P.mode == MODE_REDUCE;
