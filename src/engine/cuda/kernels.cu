@@ -516,6 +516,73 @@ __device__ __forceinline__ bool better(float sa, int a, float sb, int b) {
     return sa > sb || (sa == sb && (PLANTED(KEEL_ECU_PLANT_TIES) ? a > b : a < b));
 }
 
+constexpr int kRouteRegs = 8; /* experts a lane holds in registers on route_row's fast path (E <= 256) */
+
+/* A float's order as an unsigned key: a greater float has a greater key, -0 the key of +0, NaN the lowest. */
+__device__ __forceinline__ uint32_t order_key(float f) {
+    if (f != f) return 0u;
+    const uint32_t u = f == 0.0f ? 0u : __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* route_row for E <= 32 * kRouteRegs experts, K <= 32, no group filter: each lane holds experts lane + 32 j in
+ * registers; a round's winner is the largest key (warp max), ties to the lower id (warp min over the lanes holding
+ * it); lane k keeps slot k. The same scores, choices and weights as route_row's shared-memory path. */
+__device__ __forceinline__ void route_row_regs(const float *logits, const DVec &corr, int E, int K, int norm_topk,
+                                               float scaling, keel_cuda_route *items, float *weights, int *sel, int r,
+                                               int lane) {
+    float sv[kRouteRegs];
+    uint32_t kv[kRouteRegs], left = 0u; /* left: bit j while expert lane + 32 j is not chosen */
+#pragma unroll
+    for (int j = 0; j < kRouteRegs; j++) {
+        const int i = lane + 32 * j;
+        const float l = i < E ? logits[(long long)r * E + i] : 0.0f;
+        sv[j] = 1.0f / (1.0f + expf(-l));
+        kv[j] = order_key(corr.n && i < E ? __fadd_rn(sv[j], vget(corr, i)) : sv[j]);
+        if (i < E) left |= 1u << j;
+    }
+    int my_e = 0;
+    float my_s = 0.0f;
+    for (int k = 0; k < K; k++) {
+        uint32_t bk = 0u;
+        int bj = -1;
+#pragma unroll
+        for (int j = 0; j < kRouteRegs; j++) /* ascending ids: ties keep the lower (the planted control: the higher) */
+            if (((left >> j) & 1u) && (bj < 0 || kv[j] > bk || (PLANTED(KEEL_ECU_PLANT_TIES) && kv[j] == bk))) {
+                bk = kv[j];
+                bj = j;
+            }
+        const uint32_t top = kp_warp_max_u32(bj >= 0 ? bk : 0u);
+        const bool cand = bj >= 0 && bk == top;
+        const uint32_t id = (uint32_t)(lane + 32 * bj);
+        const uint32_t win = PLANTED(KEEL_ECU_PLANT_TIES) ? kp_warp_max_u32(cand ? id : 0u)
+                                                          : kp_warp_min_u32(cand ? id : 0xffffffffu);
+        const int wl = (int)(win & 31u), wj = (int)(win >> 5);
+        float ws = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kRouteRegs; j++)
+            if (j == wj) ws = sv[j];
+        ws = kp_shfl_idx_f32(ws, wl);
+        if (lane == wl) left &= ~(1u << wj);
+        if (lane == k) {
+            my_e = (int)win;
+            my_s = ws;
+        }
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < K; k++) sum = __fadd_rn(sum, kp_shfl_idx_f32(my_s, k));
+    const float denom = __fadd_rn(sum, 1e-20f);
+    if (lane < K) {
+        const float w = __fmul_rn(norm_topk ? my_s / denom : my_s, scaling);
+        const long long it = (long long)r * K + lane;
+        items[it].expert = my_e;
+        items[it].mask = 1u;
+        sel[it] = my_e;
+        for (int j = 0; j < 8; j++) weights[it * 8 + j] = j == 0 ? w : 0.0f;
+    }
+    kp_syncwarp();
+}
+
 /* One warp per row: sigmoid scores, correction bias, group filter, top-k by (score, lower id), weights. */
 /* The router of row r by one warp, in shared scratch s, b (E floats), used (E bytes), chosen (64 ints), gs (64
  * floats) and keep (64 bytes, the group filter's). */
@@ -523,6 +590,10 @@ __device__ __forceinline__ void route_row(const float *logits, const DVec &corr,
                                           int topk_group, int norm_topk, float scaling, keel_cuda_route *items,
                                           float *weights, int *sel, int r, int lane, float *s, float *b,
                                           unsigned char *used, int *chosen, float *gs, unsigned char *keep) {
+    if (E <= 32 * kRouteRegs && K <= 32 && !(n_group > 1 && topk_group < n_group)) {
+        route_row_regs(logits, corr, E, K, norm_topk, scaling, items, weights, sel, r, lane);
+        return;
+    }
     for (int i = lane; i < E; i += 32) {
         float l = logits[(long long)r * E + i];
         s[i] = 1.0f / (1.0f + expf(-l));

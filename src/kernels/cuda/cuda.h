@@ -103,11 +103,11 @@ bool keel_cuda_stream_pdl_active(void);
  * whose bits must match another's (a captured graph, an exact window). */
 bool keel_cuda_stream_split_target(int quarters);
 #define KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT 4
-/* keel_cuda_stream_split_long(1), the default: a shape with enough row tiles but a slice of 2048+ codes splits in two
- * when both halves' blocks still fit the SMs at once (docs/stream-tiles.md); 0: it does not. Like the target, it
+/* keel_cuda_stream_split_long(1): a shape with enough row tiles but a slice of 2048+ codes splits in two when both
+ * halves' blocks still fit the SMs at once (docs/stream-tiles.md); 0, the default: it does not. Like the target, it
  * changes the slices' sums: set it before any launch whose bits must match another's. */
 void keel_cuda_stream_split_long(int on);
-#define KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT 1
+#define KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT 0
 
 /* Changes whenever the tiles' scratch (k-split partials, arrival counters) is reallocated, which a launch does only
  * the first time it needs more: a CUDA graph captured before a change holds freed memory and must be captured again. */

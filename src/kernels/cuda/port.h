@@ -131,6 +131,31 @@ static __device__ __forceinline__ uint32_t kp_ballot(bool p) {
     return __ballot_sync(KP_FULL_MASK, p);
 #endif
 }
+/* Every lane gets lane src's float. */
+static __device__ __forceinline__ float kp_shfl_idx_f32(float v, int src) {
+#if defined(__HIPCC__)
+    return __shfl(v, src, 32);
+#else
+    return __shfl_sync(KP_FULL_MASK, v, src, 32);
+#endif
+}
+/* The largest and the smallest of the 32 lanes' v, in every lane (redux.sync on sm_80+, a butterfly elsewhere). */
+static __device__ __forceinline__ uint32_t kp_warp_max_u32(uint32_t v) {
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(KP_FULL_MASK, v);
+#else
+    for (int o = 16; o > 0; o >>= 1) v = max(v, kp_shfl_xor(v, o));
+    return v;
+#endif
+}
+static __device__ __forceinline__ uint32_t kp_warp_min_u32(uint32_t v) {
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_min_sync(KP_FULL_MASK, v);
+#else
+    for (int o = 16; o > 0; o >>= 1) v = min(v, kp_shfl_xor(v, o));
+    return v;
+#endif
+}
 /* Lane i gets lane i + d's float (lanes past 31 keep their own). */
 static __device__ __forceinline__ float kp_shfl_down_f32(float v, int d) {
 #if defined(__HIPCC__)
