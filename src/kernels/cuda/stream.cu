@@ -330,8 +330,9 @@ template <bool XF16> __device__ __forceinline__ void stage_xsum(const Params &P,
 /* The NBC blocks of a stage of one warp's 16 rows, groups of BPG blocks (compile-time, so it is straight-line code
  * the compiler can overlap, every offset an immediate). ra/rb: the thread's bytes in rows g and g + 8; xfb: its
  * x fragment of the first block (blocks 4 apart); xsa/xsb: the x sums of its columns 2t, 2t+1 for the first
- * group; sa/sb: the (scale, bias) pairs of rows g and g + 8. */
-template <int B, bool XF16, int BPG>
+ * group; sa/sb: the (scale, bias) pairs of rows g and g + 8. ONE (m = 1): the odd columns' group ends are left out
+ * (their accumulators stay zero and are never stored). */
+template <int B, bool XF16, int BPG, bool ONE = false>
 __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *rb, int tsh, const uint4 *xfb,
                                            bool xlive, const float *xsa, const float *xsb, bool xs0ok, bool xs1ok,
                                            const float2 *sa, const float2 *sb, int epi, float acc[4]) {
@@ -370,11 +371,14 @@ __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *r
             kp_mma_16816<XF16>(S, a1, b1);
         }
         const float2 s0 = sa[gs], s1 = sb[gs];
-        const float xs0 = xs0ok ? xsa[gs] : 0.f, xs1 = xs1ok ? xsb[gs] : 0.f;
+        const float xs0 = xs0ok ? xsa[gs] : 0.f;
         acc[0] = KEEL_PLANT_GROUP_END(acc[0], s0.x, S[0], KEEL_PLANT_BIAS(s0.y), xs0, epi);
-        acc[1] = KEEL_PLANT_GROUP_END(acc[1], s0.x, S[1], KEEL_PLANT_BIAS(s0.y), xs1, epi);
         acc[2] = KEEL_PLANT_GROUP_END(acc[2], s1.x, S[2], KEEL_PLANT_BIAS(s1.y), xs0, epi);
-        acc[3] = KEEL_PLANT_GROUP_END(acc[3], s1.x, S[3], KEEL_PLANT_BIAS(s1.y), xs1, epi);
+        if constexpr (!ONE) { /* columns 2t + 1: activation rows 1, 3, 5, 7, none of them live when m = 1 */
+            const float xs1 = xs1ok ? xsb[gs] : 0.f;
+            acc[1] = KEEL_PLANT_GROUP_END(acc[1], s0.x, S[1], KEEL_PLANT_BIAS(s0.y), xs1, epi);
+            acc[3] = KEEL_PLANT_GROUP_END(acc[3], s1.x, S[3], KEEL_PLANT_BIAS(s1.y), xs1, epi);
+        }
     }
 }
 
@@ -554,13 +558,19 @@ __device__ __forceinline__ void issue_fast(const Prod<B> &Q, FastCopy<B> &C, int
         const int ngs = full ? GPS : (nb * 32) >> LG, par = (int)(((uintptr_t)C.sh >> 1) & 1u);
         const uint32_t *ws = (const uint32_t *)(C.sh - par);
         const int nwd = (par + ngs + 1) >> 1;
-        const bool tail = 2 * nwd - 1 - par >= C.rem; /* the last word would reach past the matrix */
         uint32_t *dst = slot + C.sdo;
+        if (C.rem > GPS + 1) { /* every word of the stage lies within the matrix */
 #pragma unroll
-        for (int i = 0; i < GPS / 2 + 1; i++)
-            if (i < nwd - (int)tail) kp_cp_async4(dst + i, ws + i);
-        if (tail) /* its first half alone, synchronously */
-            ((uint16_t *)(dst + nwd - 1))[0] = ((const uint16_t *)ws)[2 * (nwd - 1)];
+            for (int i = 0; i < GPS / 2 + 1; i++)
+                if (i < nwd) kp_cp_async4(dst + i, ws + i);
+        } else {
+            const bool tail = 2 * nwd - 1 - par >= C.rem; /* the last word would reach past the matrix */
+#pragma unroll
+            for (int i = 0; i < GPS / 2 + 1; i++)
+                if (i < nwd - (int)tail) kp_cp_async4(dst + i, ws + i);
+            if (tail) /* its first half alone, synchronously */
+                ((uint16_t *)(dst + nwd - 1))[0] = ((const uint16_t *)ws)[2 * (nwd - 1)];
+        }
     }
     C.wk += G::NBC * B;
     C.sh += GPS;
@@ -595,7 +605,7 @@ __device__ __forceinline__ void fill_table_fast(const uint16_t *r16, float *dst,
  * slots, no diagnosis or prefetch), with the group (BPG blocks) known at compile time: per-lane copy state advanced
  * a stage at a time, the (scale, bias) table converted from loads issued together, and the x rows past m read from
  * row 0 (their output columns are never stored). The same copies and arithmetic as stream_loop: the same bits. */
-template <int B, bool XF16, int BPG>
+template <int B, bool XF16, int BPG, bool ONE>
 __device__ __forceinline__ void stream_loop_fast(const Params &P, const Prod<B> &Q, const uint16_t *__restrict__ x,
                                                  uint32_t mask, uint4 *xf, float *xs, float2 *sbf, uint32_t *ring,
                                                  int lane, int nstage, float acc[4]) {
@@ -645,13 +655,26 @@ __device__ __forceinline__ void stream_loop_fast(const Params &P, const Prod<B> 
             const uint4 *xfb = xf + (gx * nblk + (kc >> 5)) * 4 + t;
             const float *xsa = xs + r0 * ngc + (kc >> LG), *xsb = xs + r1 * ngc + (kc >> LG);
             const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
-            stage_body<B, XF16, BPG>(ra, rb, tsh, xfb, true, xsa, xsb, true, true, sa, sb, P.epi, acc);
+            stage_body<B, XF16, BPG, ONE>(ra, rb, tsh, xfb, true, xsa, xsb, true, true, sa, sb, P.epi, acc);
         }
         kc += G::SK;
         if (kc == P.xk) kc = 0;
         slot_i = slot_i == nst - 1 ? 0 : slot_i + 1;
     }
     kp_cp_wait<0>();
+}
+
+/* The FAST loop for the launch's group (1, 2 or 4 blocks). */
+template <int B, bool XF16, bool ONE>
+__device__ __forceinline__ void stream_fast_bpg(const Params &P, const Prod<B> &Q, const uint16_t *__restrict__ x,
+                                                uint32_t mask, uint4 *xf, float *xs, float2 *sbf, uint32_t *ring,
+                                                int lane, int lbpg, int nstage, float acc[4]) {
+    if (lbpg == 0)
+        stream_loop_fast<B, XF16, 1, ONE>(P, Q, x, mask, xf, xs, sbf, ring, lane, nstage, acc);
+    else if (lbpg == 1)
+        stream_loop_fast<B, XF16, 2, ONE>(P, Q, x, mask, xf, xs, sbf, ring, lane, nstage, acc);
+    else
+        stream_loop_fast<B, XF16, 4, ONE>(P, Q, x, mask, xf, xs, sbf, ring, lane, nstage, acc);
 }
 
 template <int B, bool XF16>
@@ -694,12 +717,10 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
     const int nstage = (Q.ke - Q.ks + G::SK - 1) / G::SK;
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (P.fast && lbpg == 0)
-        stream_loop_fast<B, XF16, 1>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, nstage, acc);
-    else if (P.fast && lbpg == 1)
-        stream_loop_fast<B, XF16, 2>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, nstage, acc);
+    if (P.fast && P.m == 1) /* one activation row (decode): the odd columns' group ends left out */
+        stream_fast_bpg<B, XF16, true>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, lbpg, nstage, acc);
     else if (P.fast)
-        stream_loop_fast<B, XF16, 4>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, nstage, acc);
+        stream_fast_bpg<B, XF16, false>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, lbpg, nstage, acc);
     else
         stream_loop<B, XF16>(P, Q, x, item.mask, xf, xs, sbf, ring, lane, lg, lbpg, nstage, acc);
 
