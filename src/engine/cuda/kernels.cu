@@ -527,7 +527,8 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 /* route_row for E <= 32 * kRouteRegs experts, K <= 32, no group filter: each lane holds experts lane + 32 j in
  * registers; a round's winner is the largest key (warp max), ties to the lower id (warp min over the lanes holding
- * it); lane k keeps slot k. The same scores, choices and weights as route_row's shared-memory path. */
+ * it); lane k keeps slot k. The same scores, choices and weights as route_row's shared-memory path wherever no
+ * score is NaN (here a NaN never wins; there the outcome depended on where it sat). */
 __device__ __forceinline__ void route_row_regs(const float *logits, const DVec &corr, int E, int K, int norm_topk,
                                                float scaling, keel_cuda_route *items, float *weights, int *sel, int r,
                                                int lane) {
