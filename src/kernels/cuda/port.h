@@ -139,23 +139,20 @@ static __device__ __forceinline__ float kp_shfl_idx_f32(float v, int src) {
     return __shfl_sync(KP_FULL_MASK, v, src, 32);
 #endif
 }
-/* The largest and the smallest of the 32 lanes' v, in every lane (redux.sync on sm_80+, a butterfly elsewhere). */
-static __device__ __forceinline__ uint32_t kp_warp_max_u32(uint32_t v) {
+/* The largest (MAX) or the smallest of the 32 lanes' v, in every lane (redux.sync on sm_80+, a butterfly elsewhere). */
+template <bool MAX> static __device__ __forceinline__ uint32_t kp_warp_reduce_u32(uint32_t v) {
 #if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    return __reduce_max_sync(KP_FULL_MASK, v);
+    return MAX ? __reduce_max_sync(KP_FULL_MASK, v) : __reduce_min_sync(KP_FULL_MASK, v);
 #else
-    for (int o = 16; o > 0; o >>= 1) v = max(v, kp_shfl_xor(v, o));
+    for (int o = 16; o > 0; o >>= 1) {
+        const uint32_t w = kp_shfl_xor(v, o);
+        v = MAX ? max(v, w) : min(v, w);
+    }
     return v;
 #endif
 }
-static __device__ __forceinline__ uint32_t kp_warp_min_u32(uint32_t v) {
-#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    return __reduce_min_sync(KP_FULL_MASK, v);
-#else
-    for (int o = 16; o > 0; o >>= 1) v = min(v, kp_shfl_xor(v, o));
-    return v;
-#endif
-}
+static __device__ __forceinline__ uint32_t kp_warp_max_u32(uint32_t v) { return kp_warp_reduce_u32<true>(v); }
+static __device__ __forceinline__ uint32_t kp_warp_min_u32(uint32_t v) { return kp_warp_reduce_u32<false>(v); }
 /* Lane i gets lane i + d's float (lanes past 31 keep their own). */
 static __device__ __forceinline__ float kp_shfl_down_f32(float v, int d) {
 #if defined(__HIPCC__)
