@@ -192,6 +192,8 @@ void keel_contract_run_routed(const keel_contract_table *t, const keel_contract_
 
 /* Gate 3: roundings (units of 2^-24 of the summed magnitudes) a term of a tensor-core stream tile passes. */
 int keel_contract_mma_roundings(int group, int k, int splits);
+/* Gate 3: the offset M a tensor-core tile's operand codes keep (a term's magnitude |x|(|s|(q + 2M) + |b|)). */
+double keel_contract_mma_offset(int bits, keel_dtype xdt);
 /* The launch-width hint (keel_cuda_qw.items) the contract gives routed stacks: above one, so the hint's k-split is
  * the one checked, small enough that the registrations' k-split shapes still split. */
 #define KEEL_CONTRACT_ROUTED_ITEMS 2

@@ -142,13 +142,14 @@ static void dot_ref(const keel_contract_reg *reg, const rcase *c, int item, int 
     const int wrow = c->items[item].expert * c->n + j;
     const uint32_t *row = c->w + (size_t)wrow * keel_quant_row_words(k, reg->bits);
     const size_t xo = ((size_t)(c->down ? item : 0) * (size_t)c->m + (size_t)t) * (size_t)k;
+    const double off = keel_contract_mma_offset(reg->bits, c->xdt);
     double a = 0, A = 0;
     for (int q = 0; q < k; q++) {
         const size_t gi = (size_t)wrow * (size_t)ng + (size_t)(q / G);
         const double s = keel_dtype_get_f32(reg->sdt, c->s, gi), b = keel_dtype_get_f32(reg->sdt, c->b, gi);
         const double sq = s * (double)keel_quant_code(row, reg->bits, q), x = keel_dtype_get_f32(c->xdt, c->x, xo + (size_t)q);
         a += x * (sq + b);
-        A += fabs(x) * (fabs(sq) + fabs(b));
+        A += fabs(x) * (fabs(sq) + fabs(b) + 2 * off * fabs(s));
     }
     *acc = a;
     *e = 1.01 * keel_contract_mma_roundings(G, k, splits_of(reg, c)) * U32 * A + 1e-30;

@@ -115,6 +115,14 @@ void keel_contract_ecase_layout(ecase *c) {
         keel_contract_ecase_add(c, KEEL_DT_U32, groups * cap * 2, 0, R_OUT), keel_contract_ecase_add(c, KEEL_DT_F32, groups * cap * 8, 0, R_OUT);
         break;
     }
+    case K_RWIN: { /* n experts, k = top_k in one group: the route case's buffers, then the union case's outputs */
+        const size_t cap = (size_t)KEEL_MIN(n, 8 * k), groups = (m + 7) / 8;
+        keel_contract_ecase_add(c, KEEL_DT_F32, m * n, n, R_IN), keel_contract_ecase_add(c, KEEL_DT_F32, n, 0, R_IN);
+        keel_contract_ecase_add(c, KEEL_DT_U32, m * k * 2, k * 2, R_OUT), keel_contract_ecase_add(c, KEEL_DT_F32, m * k * 8, k * 8, R_OUT);
+        keel_contract_ecase_add(c, KEEL_DT_I32, m * k, k, R_OUT);
+        keel_contract_ecase_add(c, KEEL_DT_U32, groups * cap * 2, 0, R_OUT), keel_contract_ecase_add(c, KEEL_DT_F32, groups * cap * 8, 0, R_OUT);
+        break;
+    }
     case K_UNION: { /* n experts, k = top_k; per group of 8 rows cap = min(n, 8k) items */
         const size_t cap = (size_t)KEEL_MIN(n, 8 * k), groups = (m + 7) / 8;
         keel_contract_ecase_add(c, KEEL_DT_I32, m * k, k, R_IN), keel_contract_ecase_add(c, KEEL_DT_F32, m * k * 8, k * 8, R_IN);
@@ -159,6 +167,7 @@ void keel_contract_ecase_generate(ecase *c, uint64_t seed, int dist) {
         for (size_t j = 0; j < c->b[1].n; j++) keel_contract_ecase_set(&c->b[1], j, keel_contract_rnorm(&r));
         break;
     case K_ROUTE: /* logits on a grid of 1/16 in [-2, 2] and correction bias on 1/8: exact ties occur */
+    case K_RWIN:
         for (size_t j = 0; j < c->b[0].n; j++) keel_contract_ecase_set(&c->b[0], j, floor(keel_contract_runif(&r) * 65.0) / 16.0 - 2.0);
         for (size_t j = 0; j < c->b[1].n; j++) keel_contract_ecase_set(&c->b[1], j, floor(keel_contract_runif(&r) * 3.0) / 8.0 - 0.125);
         break;

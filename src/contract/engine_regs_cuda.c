@@ -9,8 +9,9 @@
  *   4 two launches give the same bits; each row launched alone gives the bits of the window (row-wise kernels), and
  *     m one-token launches give the bits of one m-token launch (the Mamba conv and scan, whose state carries)
  * Fused sequences: add_rmsnorm (the residual add, then rmsnorm) is compared at gate 3 against the float64 sequence.
- * The fused router and the fused Mamba step are checked at gate 3 stage by stage (each stage against the float64
- * reference of the inputs it was given), and at gate 4 against the three launches each replaces, bit for bit. */
+ * The fused router, the route window and the fused Mamba step are checked at gate 3 stage by stage (each stage
+ * against the float64 reference of the inputs it was given), and at gate 4 against the launches each replaces, bit
+ * for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,8 @@
 const char *const keel_contract_cuda_engine_entries[] = {
     "keel_ecu_embed", "keel_ecu_rmsnorm", "keel_ecu_add_rmsnorm", "keel_ecu_add_bias", "keel_ecu_matvec",
     "keel_ecu_conv",  "keel_ecu_ssm",     "keel_ecu_gate_norm",   "keel_ecu_route",
-    "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", "keel_ecu_route_union", "keel_ecu_router", "keel_ecu_mamba_step", NULL};
+    "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", "keel_ecu_route_union", "keel_ecu_router", "keel_ecu_mamba_step",
+    "keel_ecu_route_window", NULL};
 
 #if !defined(KEEL_HAVE_CUDA)
 int keel_contract_register_cuda_engine(keel_contract_table *t) {
@@ -91,12 +93,14 @@ typedef struct ekernel {
     void (*mamba_step)(const float *, int, float *, const keel_ecu_vec *, const keel_ecu_vec *, int, float *,
                        const keel_ecu_vec *, const keel_ecu_vec *, const keel_ecu_vec *, int, int, int, int, int,
                        const keel_ecu_vec *, float, float *, float *, unsigned *, uint16_t *, float *, void *);
+    void (*route_window)(const float *, const keel_ecu_vec *, int, int, int, int, bool, float, int, keel_cuda_route *,
+                         float *, int *, int, keel_cuda_route *, float *, void *);
 } ekernel;
 
 static const ekernel REAL = {keel_ecu_embed, keel_ecu_rmsnorm, keel_ecu_add_rmsnorm, keel_ecu_add_bias,
                              keel_ecu_matvec, keel_ecu_conv, keel_ecu_ssm, keel_ecu_gate_norm,
                              keel_ecu_route, keel_ecu_argmax, keel_ecu_matvec_routed, keel_ecu_combine,
-                             keel_ecu_route_union, keel_ecu_router, keel_ecu_mamba_step};
+                             keel_ecu_route_union, keel_ecu_router, keel_ecu_mamba_step, keel_ecu_route_window};
 static const ekernel TWIN = {keel_contract_twin_ecu_embed, keel_contract_twin_ecu_rmsnorm,
                              keel_contract_twin_ecu_add_rmsnorm, keel_contract_twin_ecu_add_bias,
                              keel_contract_twin_ecu_matvec, keel_contract_twin_ecu_conv, keel_contract_twin_ecu_ssm,
@@ -104,7 +108,7 @@ static const ekernel TWIN = {keel_contract_twin_ecu_embed, keel_contract_twin_ec
                              keel_contract_twin_ecu_route, keel_contract_twin_ecu_argmax,
                              keel_contract_twin_ecu_matvec_routed, keel_contract_twin_ecu_combine,
                              keel_contract_twin_ecu_route_union, keel_contract_twin_ecu_router,
-                             keel_contract_twin_ecu_mamba_step};
+                             keel_contract_twin_ecu_mamba_step, keel_contract_twin_ecu_route_window};
 
 static keel_ecu_vec vec(const ecase *c, int i) {
     return (keel_ecu_vec){dptr(&c->b[i]), c->b[i].dt, (int)c->b[i].n};
@@ -178,6 +182,11 @@ static void launch_with(const ekernel *K, const ecase *c) {
     }
     case K_COMBINE: K->combine(p[0], p[1], m, R_K1, n, p[2], NULL); break;
     case K_UNION: K->route_union(p[0], p[1], m, k, n, KEEL_MIN(n, 8 * k), p[2], p[3], NULL); break;
+    case K_RWIN: {
+        keel_ecu_vec corr = vec(c, 1);
+        K->route_window(p[0], &corr, n, k, 1, 1, true, 2.5f, m, p[2], p[3], p[4], KEEL_MIN(n, 8 * k), p[5], p[6], NULL);
+        break;
+    }
     case K_MAMBA: {
         keel_ecu_vec cw = vec(c, 2), cb = vec(c, 3), dtb = vec(c, 5), al = vec(c, 6), D = vec(c, 7), w = vec(c, 8);
         const int di = n * S_P, cd = di + 2 * S_G * S_N;
@@ -222,6 +231,18 @@ static void launch_router_sequence(const keel_contract_reg *reg, const keel_cont
     keel_ecu_route_union(p[6], p[5], m, R_K1, n, KEEL_MIN(n, 8 * R_K1), p[7], p[8], NULL);
 }
 
+/* The sequence the route window replaces: route, route_union as two launches (gate 4). */
+static void launch_rwin_sequence(const keel_contract_reg *reg, const keel_contract_args *a) {
+    (void)reg;
+    const ecase *c = a->x;
+    const int m = c->m, n = c->n, k = c->k;
+    void *p[MAXB];
+    for (int i = 0; i < c->nb; i++) p[i] = dptr(&c->b[i]);
+    keel_ecu_vec corr = vec(c, 1);
+    keel_ecu_route(p[0], &corr, n, k, 1, 1, true, 2.5f, m, p[2], p[3], p[4], NULL);
+    keel_ecu_route_union(p[4], p[3], m, k, n, KEEL_MIN(n, 8 * k), p[5], p[6], NULL);
+}
+
 /* The launches a fused kind replaces (gate 4 holds it to their bits) and their names for a failure; NULL otherwise. */
 static keel_contract_launch_fn sequence_of(int kind, const char **what) {
     if (kind == K_MAMBA) {
@@ -231,6 +252,10 @@ static keel_contract_launch_fn sequence_of(int kind, const char **what) {
     if (kind == K_ROUTER) {
         *what = "fused router vs matvec, route, route_union";
         return launch_router_sequence;
+    }
+    if (kind == K_RWIN) {
+        *what = "route window vs route, route_union";
+        return launch_rwin_sequence;
     }
     return NULL;
 }
@@ -323,6 +348,26 @@ static bool check_router(const ecase *c, void **outs, keel_contract_gate_result 
     return ok;
 }
 
+/* Gate 3 of the route window, stage by stage: the routing against the float64 router of the logits, then the unions
+ * against the exact union of the routing it chose. */
+static bool check_rwin(const ecase *c, void **outs, keel_contract_gate_result *gr) {
+    ecase rt = {.kind = K_ROUTE, .m = c->m, .n = c->n, .k = c->k};
+    keel_contract_ecase_layout(&rt);
+    memcpy(rt.b[0].h, c->b[0].h, bytes_of(&rt.b[0])), memcpy(rt.b[1].h, c->b[1].h, bytes_of(&rt.b[1]));
+    void *o_rt[MAXB] = {0};
+    o_rt[2] = outs[2], o_rt[3] = outs[3], o_rt[4] = outs[4];
+    bool ok = check_ref(&rt, o_rt, gr);
+    keel_contract_ecase_free(&rt);
+    ecase un = {.kind = K_UNION, .m = c->m, .n = c->n, .k = c->k};
+    keel_contract_ecase_layout(&un);
+    memcpy(un.b[0].h, outs[4], bytes_of(&un.b[0])), memcpy(un.b[1].h, outs[3], bytes_of(&un.b[1]));
+    void *o_un[MAXB] = {0};
+    o_un[2] = outs[5], o_un[3] = outs[6];
+    ok = ok && check_ref(&un, o_un, gr);
+    keel_contract_ecase_free(&un);
+    return ok;
+}
+
 /* Gate 3 of the fused Mamba step, stage by stage: the conv (outputs and windows) against the float64 conv of the
  * inputs, the scan (outputs and state) against the float64 scan of the conv outputs it computed, the gated norm
  * against the float64 norm of the scan outputs it computed; the counters back at zero. */
@@ -370,6 +415,7 @@ static bool check_mamba(const ecase *c, void **outs, keel_contract_gate_result *
 static bool check_ref(const ecase *c, void **outs, keel_contract_gate_result *gr) {
     if (c->kind == K_ROUTER) return check_router(c, outs, gr);
     if (c->kind == K_MAMBA) return check_mamba(c, outs, gr);
+    if (c->kind == K_RWIN) return check_rwin(c, outs, gr);
     const size_t N = keel_contract_ecase_n_out(c);
     double *ref = keel_xcalloc(N + 1, sizeof(double)), *bnd = keel_xcalloc(N + 1, sizeof(double));
     keel_contract_ecase_reference(c, ref, bnd);
@@ -432,7 +478,7 @@ static ecase row_case(const ecase *c, int r) {
 
 static bool sequential(int kind) { return kind == K_CONV || kind == K_SSM || kind == K_MAMBA; }
 /* The union of a group's experts depends on every row of the group by definition: no per-row check. */
-static bool rowwise(int kind) { return !sequential(kind) && kind != K_UNION && kind != K_ROUTER; }
+static bool rowwise(int kind) { return !sequential(kind) && kind != K_UNION && kind != K_ROUTER && kind != K_RWIN; }
 
 static void engine_run(const keel_contract_table *t, const keel_contract_reg *reg, keel_contract_launch_fn launch,
                        int max_gate, keel_contract_result *res) {
@@ -572,6 +618,8 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
         {K_MAMBA, "mamba-step-fused/p16n48g2k4", "keel_ecu_mamba_step", 2, {{2, 0, 1, 3}, {8, 0, 8, 8}}, twin_NOSHIFT, "window-not-shifted", 3},
         {K_ROUTER, "router-fused/bf16/k6", "keel_ecu_router", 2, {{16, 64, 1, 8}, {128, 512, 9, 12}}, twin_ORDER, "descending-order", 3},
         {K_UNION, "route-union/k6", "keel_ecu_route_union", 2, {{16, R_K1, 1, 8}, {128, R_K1, 9, 20}}, twin_ORDER, "descending-order", 3},
+        {K_RWIN, "route-window/k6", "keel_ecu_route_window", 3, {{16, R_K1, 1, 8}, {128, R_K1, 9, 20}, {300, R_K1, 1, 10}},
+         twin_ORDER, "descending-order", 3},
     };
     int added = 0;
     for (size_t i = 0; i < sizeof S / sizeof S[0]; i++) {

@@ -156,13 +156,14 @@ static void reference(const keel_contract_reg *reg, const hcase *h, double *ref,
             } else {
                 const int ng = k / reg->group;
                 const uint32_t *row = h->w + (size_t)j * keel_quant_row_words(k, reg->bits);
+                const double off = reg->arith == KEEL_CA_MMA ? keel_contract_mma_offset(reg->bits, reg->xdt) : 0;
                 for (int c = 0; c < k; c++) {
                     const size_t gi = (size_t)j * ng + (size_t)(c / reg->group);
                     const double s = keel_dtype_get_f32(reg->sdt, h->s, gi), b = keel_dtype_get_f32(reg->sdt, h->b, gi);
                     const double sq = s * (double)keel_quant_code(row, reg->bits, c);
                     const double x = keel_dtype_get_f32(reg->xdt, h->x, (size_t)i * k + c);
                     acc += x * (sq + b);
-                    A += fabs(x) * (fabs(sq) + fabs(b));
+                    A += fabs(x) * (fabs(sq) + fabs(b) + 2 * off * fabs(s));
                 }
                 L = reg->arith == KEEL_CA_MMA ? keel_contract_mma_roundings(reg->group, k, splits)
                                               : reg->group / 8 + ng + 4;
@@ -184,9 +185,14 @@ static void reference(const keel_contract_reg *reg, const hcase *h, double *ref,
 /* Roundings each term of a tensor-core stream tile passes (docs/kernel-contract.md, gate 3), in units of 2^-24:
  * 9*G/8 in its group's mma chains (G/32 chained mma per accumulator, each aligning 17 addends to the largest and
  * normalizing, each step truncating by at most one fp32 ulp, 2^-23, of the largest: 18 ulps per mma; the bias
- * term's G-long sum of x is less), 4 for S0+S1, the scale product, the bias fma and a spare, ng - 1 group adds,
- * and one per k-split slice (the partials added in slice order). */
-int keel_contract_mma_roundings(int group, int k, int splits) { return 9 * group / 8 + k / group + splits + 4; }
+ * term's G-long sum of x is less), 5 for S0+S1, the offset's removal, the scale product, the bias fma and a spare,
+ * ng - 1 group adds, and one per k-split slice (the partials added in slice order). */
+int keel_contract_mma_roundings(int group, int k, int splits) { return 9 * group / 8 + k / group + splits + 5; }
+
+/* The offset M a tensor-core tile's operand codes keep (q + M; M sum(x) taken off S at each group end): 128 with
+ * bf16 activations at 2-6 bits, else 0. A term's magnitude is then |x|(|s|(q + 2M) + |b|): the mma sums |x|(q + M),
+ * and M |s| times the group's sum of x, whose own roundings the G-long chain already counts. */
+double keel_contract_mma_offset(int bits, keel_dtype xdt) { return xdt == KEEL_DT_BF16 && bits != 8 ? 128.0 : 0.0; }
 
 /* ---- guarded launches ------------------------------------------------------------------------------ */
 

@@ -16,6 +16,7 @@
 #define keel_cuda_stream_pdl_active keel_contract_twin_cuda_stream_pdl_active
 #define keel_cuda_stream_split_target keel_contract_twin_cuda_stream_split_target
 #define keel_cuda_stream_split_long keel_contract_twin_cuda_stream_split_long
+#define keel_cuda_stream_split_round keel_contract_twin_cuda_stream_split_round
 
 #include <stdio.h>
 

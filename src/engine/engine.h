@@ -187,6 +187,9 @@ void keel_cuda_engine_set_side(keel_cuda_engine *e, int mode);
 /* The MoE router (logits, top-k, the 8-row groups' unions) as one launch or three (default); the same bits. */
 void keel_cuda_engine_set_fused_router(keel_cuda_engine *e, bool on);
 #define KEEL_CUDA_ENGINE_FUSED_ROUTER_DEFAULT 0
+/* With the router in separate launches: top-k and the groups' unions as one launch (default) or two; the same bits. */
+void keel_cuda_engine_set_route_window(keel_cuda_engine *e, bool on);
+#define KEEL_CUDA_ENGINE_ROUTE_WINDOW_DEFAULT 1
 /* Mamba's decode step (conv, scan, gated norm) as one launch or three (default); the same bits. */
 void keel_cuda_engine_set_fused_mamba(keel_cuda_engine *e, bool on);
 #define KEEL_CUDA_ENGINE_FUSED_MAMBA_DEFAULT 0

@@ -31,8 +31,8 @@ def main():
     expect(["--context", "0"], "--context '0': expected 1..16777216")
     expect(["--graphs", "maybe"], "--graphs 'maybe': expected on or off")
     expect(["--graphs"], "--graphs '': expected on or off")
-    cuda_only = ("--context, --graphs, --pdl, --prefetch, --split-target, --split-long, --side, --fused-router and "
-                 "--fused-mamba are CUDA engine options")
+    cuda_only = ("--context, --graphs, --pdl, --prefetch, --split-target, --split-long, --split-round, --side, "
+                 "--fused-router, --fused-mamba and --route-window are CUDA engine options")
     expect(["--context", "100", "--backend", "cpu"], cuda_only)
     expect(["--graphs", "off", "--backend", "cpu"], cuda_only)
     expect(["--pdl", "off", "--backend", "cpu"], cuda_only)
@@ -50,6 +50,10 @@ def main():
     expect(["--side", "sometimes"], "--side 'sometimes': expected on, off or low")
     expect(["--fused-router", "yes"], "--fused-router 'yes': expected on or off")
     expect(["--fused-mamba"], "--fused-mamba '': expected on or off")
+    expect(["--route-window", "on", "--backend", "cpu"], cuda_only)
+    expect(["--route-window", "both"], "--route-window 'both': expected on or off")
+    expect(["--split-round", "down", "--backend", "cpu"], cuda_only)
+    expect(["--split-round", "sideways"], "--split-round 'sideways': expected up or down")
     r = bench("--context", "5", "--prompt-tokens", "10", "--backend", "cuda")
     assert r.returncode != 0, r.stdout
     assert ("--context must be at least --prompt-tokens" in r.stderr or "built without CUDA" in r.stderr), r.stderr

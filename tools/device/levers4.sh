@@ -2,7 +2,8 @@
 # On the GPU machine, with build-l (keel and the CUDA tests, sm_90) built here and carried: the whole CUDA contract
 # (SUMMARY line, failures), the stream-tile, engine and agreement tests, then `keel bench decode` at 1k with the
 # defaults and with each ARGS line of $DECODE_ARGS (';'-separated, run in that order: interleave on/off for a lever);
-# with NCU_STEP=1 a decode step's GPU time per kernel (ncu, no cache flush; NCU_CTX=C: the step at context C).
+# with NCU_STEP=1 a decode step's GPU time per kernel (ncu, no cache flush; NCU_CTX=C: the step at context C);
+# each ARGS line of $BENCH_ARGS (';'-separated) as `keel bench stream ARGS`, its table rows printed.
 # CHECKS=0 leaves out the contract and the tests.
 NAME=l4 BUILD_DIR=build-l
 . "$(dirname "$0")/lib.sh"
@@ -15,5 +16,10 @@ IFS=';' read -ra extra <<<"${DECODE_ARGS:-}"
 for a in "${extra[@]}"; do
   timeout 90 $K bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda $a >/tmp/d.log 2>&1
   echo "decode $a: rc=$? $(grep '^decode:' /tmp/d.log | sed 's/ at batch 1//') $(grep '^prompt:' /tmp/d.log | sed 's/.*: //')"
+done
+IFS=';' read -ra bargs <<<"${BENCH_ARGS:-}"
+for a in "${bargs[@]}"; do
+  timeout 150 $K bench stream $a >/tmp/b.log 2>&1
+  echo "bench stream $a: rc=$?"; grep -E "^(read bandwidth|[a-z_0-9]+ +[2-8] +[0-9]+ +[18] |experts|  separate)" /tmp/b.log
 done
 if [[ ${NCU_STEP:-0} == 1 ]]; then ncu_step; head -24 "$OUT/ncu_step.txt"; fi

@@ -13,8 +13,8 @@
 static const char *const USAGE =
     "usage: keel bench decode MODEL_DIR [--prompt-tokens P] [--tokens N] [--context C] [--backend cpu|cuda]\n"
     "                         [--activations bf16|f32] [--graphs on|off] [--pdl on|off] [--prefetch S]\n"
-    "                         [--split-target Q] [--split-long on|off] [--side on|off|low]\n"
-    "                         [--fused-router on|off] [--fused-mamba on|off]\n"
+    "                         [--split-target Q] [--split-long on|off] [--split-round up|down] [--side on|off|low]\n"
+    "                         [--fused-router on|off] [--fused-mamba on|off] [--route-window on|off]\n"
     "  runs a P-token prompt (default 512) then N greedy decode steps (default 128) and reports prompt and decode\n"
     "  tokens/s. On cuda also: the bandwidth floor (bytes one step reads over the read bandwidth measured in the same\n"
     "  run) and its ratio to the measured time, and the time per token by kernel family (CUDA events, a second pass\n"
@@ -22,11 +22,13 @@ static const char *const USAGE =
     "  positions of zero keys and values. --graphs off decodes launch by launch instead of replaying a CUDA graph.\n"
     "  --pdl off launches the stream tiles after the previous kernel ends instead of as programmatic dependents;\n"
     "  --prefetch S sets the tiles' L2 prefetch chunk in stages (default 0: none); --split-target Q splits k so that\n"
-    "  a matrix gives about Q/4 blocks an SM (default 4); --split-long off keeps long slices of matrices with enough\n"
-    "  row tiles whole (default on: halved where both halves fit the SMs at once); --side off runs a layer's independent\n"
+    "  a matrix gives about Q/4 blocks an SM (default 4); --split-long on halves long slices of matrices with enough\n"
+    "  row tiles where both halves fit the SMs at once (default off); --split-round down rounds the split's slice\n"
+    "  count down (at most Q/4 blocks an SM; default up: at least); --side off runs a layer's independent\n"
     "  launches (the shared expert, k and v) in one stream instead of two (low: the second at the lowest priority);\n"
     "  --fused-router on routes in one launch (matvec, top-k, unions) instead of three; --fused-mamba on runs Mamba's\n"
-    "  step (conv, scan, gated norm) in one launch instead of three (both default off: slower in the graph).\n";
+    "  step (conv, scan, gated norm) in one launch instead of three (both default off: slower in the graph);\n"
+    "  --route-window off runs the router's top-k and its unions as two launches instead of one (default on).\n";
 
 static int fail(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "keel bench decode: ");
@@ -66,9 +68,10 @@ int keel_engine_bench_decode(int argc, char **argv) {
     const char *dir = NULL;
     int P = 512, N = 128, backend = -1, C = 0;
     bool f32 = false, graphs = true;
-    int pdl = -1, prefetch = -1, split_q = -1, split_long = -1; /* the stream tiles' levers; -1: not given, the library's default */
+    /* the stream tiles' levers; -1: not given, the library's default */
+    int pdl = -1, prefetch = -1, split_q = -1, split_long = -1, split_down = -1;
     int side = -1; /* the engine's second stream: 0 off, 1 on, 2 low priority; -1: not given, the engine's default */
-    int fused_router = -1, fused_mamba = -1; /* -1: not given, the engine's default */
+    int fused_router = -1, fused_mamba = -1, route_window = -1; /* -1: not given, the engine's default */
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -93,11 +96,17 @@ int keel_engine_bench_decode(int argc, char **argv) {
             if (!parse_onoff(v, &pdl)) return fail("--pdl '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--prefetch")) {
             if (!parse_count(v, 0, 64, &prefetch)) return fail("--prefetch '%s': expected 0..64 stages%s", v ? v : "", "");
+        } else if (!strcmp(o, "--split-round")) {
+            if (v && !strcmp(v, "up")) split_down = 0;
+            else if (v && !strcmp(v, "down")) split_down = 1;
+            else return fail("--split-round '%s': expected up or down%s", v ? v : "", "");
         } else if (!strcmp(o, "--split-long")) {
             if (!parse_onoff(v, &split_long)) return fail("--split-long '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--side")) {
             if (v && !strcmp(v, "low")) side = 2;
             else if (!parse_onoff(v, &side)) return fail("--side '%s': expected on, off or low%s", v ? v : "", "");
+        } else if (!strcmp(o, "--route-window")) {
+            if (!parse_onoff(v, &route_window)) return fail("--route-window '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--fused-router")) {
             if (!parse_onoff(v, &fused_router)) return fail("--fused-router '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--fused-mamba")) {
@@ -124,10 +133,10 @@ int keel_engine_bench_decode(int argc, char **argv) {
     backend = KEEL_BACKEND_CPU;
 #endif
     if (f32 && backend == KEEL_BACKEND_CPU) return fail("--activations f32 is a CUDA engine option%s%s", "", "");
-    if ((C || !graphs || pdl >= 0 || prefetch >= 0 || split_q >= 0 || split_long >= 0 || side >= 0 ||
-         fused_router >= 0 || fused_mamba >= 0) && backend == KEEL_BACKEND_CPU)
-        return fail("--context, --graphs, --pdl, --prefetch, --split-target, --split-long, --side, --fused-router "
-                    "and --fused-mamba are CUDA engine options%s%s", "", "");
+    if ((C || !graphs || pdl >= 0 || prefetch >= 0 || split_q >= 0 || split_long >= 0 || split_down >= 0 ||
+         side >= 0 || fused_router >= 0 || fused_mamba >= 0 || route_window >= 0) && backend == KEEL_BACKEND_CPU)
+        return fail("--context, --graphs, --pdl, --prefetch, --split-target, --split-long, --split-round, --side, "
+                    "--fused-router, --fused-mamba and --route-window are CUDA engine options%s%s", "", "");
     if (C && C < P) return fail("--context must be at least --prompt-tokens%s%s", "", "");
     const int start = C ? C - P : 0;
     keel_model m;
@@ -168,10 +177,13 @@ int keel_engine_bench_decode(int argc, char **argv) {
         if (prefetch < 0) prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT;
         if (split_q < 0) split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
         if (split_long < 0) split_long = KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT;
+        if (split_down < 0) split_down = KEEL_CUDA_STREAM_SPLIT_ROUND_DEFAULT;
         if (side < 0) side = KEEL_CUDA_ENGINE_SIDE_DEFAULT;
         if (fused_router < 0) fused_router = KEEL_CUDA_ENGINE_FUSED_ROUTER_DEFAULT;
         if (fused_mamba < 0) fused_mamba = KEEL_CUDA_ENGINE_FUSED_MAMBA_DEFAULT;
+        if (route_window < 0) route_window = KEEL_CUDA_ENGINE_ROUTE_WINDOW_DEFAULT;
         keel_cuda_stream_split_long(split_long);
+        keel_cuda_stream_split_round(split_down);
         keel_cuda_stream_pdl(pdl);
         keel_cuda_stream_prefetch(prefetch);
         keel_cuda_stream_split_target(split_q);
@@ -179,7 +191,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
             keel_cuda_engine_set_activations(ce, f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK ||
             (keel_cuda_engine_set_graphs(ce, graphs), keel_cuda_engine_set_start(ce, start),
              keel_cuda_engine_set_side(ce, side), keel_cuda_engine_set_fused_router(ce, fused_router),
-             keel_cuda_engine_set_fused_mamba(ce, fused_mamba),
+             keel_cuda_engine_set_fused_mamba(ce, fused_mamba), keel_cuda_engine_set_route_window(ce, route_window),
              keel_cuda_generate(ce, prompt, KEEL_MIN(P, 8), &o, NULL, NULL, &res, &err)) != KEEL_OK || /* warm-up */
             keel_cuda_generate(ce, prompt, P, &o, NULL, NULL, &res, &err) != KEEL_OK) {
             rc = fail("%s%s", err.msg, "");
@@ -208,9 +220,10 @@ int keel_engine_bench_decode(int argc, char **argv) {
 #ifdef KEEL_HAVE_CUDA
         if (backend == KEEL_BACKEND_CUDA)
             printf("stream tiles: programmatic dependent launch %s, L2 prefetch chunk %d stages, k-split target %d/4 "
-                   "blocks an SM, long slices halved %s; second stream %s; router in %s; Mamba step in %s\n", pdl ? "on" : "off", prefetch, split_q,
-                   split_long ? "on" : "off", side == 0 ? "off" : side == 2 ? "on (lowest priority)" : "on",
-                   fused_router ? "one launch" : "three launches", fused_mamba ? "one launch" : "three launches");
+                   "blocks an SM%s, long slices halved %s; second stream %s; router in %s; Mamba step in %s\n",
+                   pdl ? "on" : "off", prefetch, split_q, split_down ? " (at most)" : "", split_long ? "on" : "off", side == 0 ? "off" : side == 2 ? "on (lowest priority)" : "on",
+                   fused_router ? "one launch" : route_window ? "two launches (top-k with the unions)" : "three launches",
+                   fused_mamba ? "one launch" : "three launches");
         if (backend == KEEL_BACKEND_CUDA && res.n_gen > 0 && read_gbs > 0) {
             const double bytes = (double)keel_cuda_engine_step_bytes(ce, start + P + res.n_gen / 2);
             const double floor_ms = bytes / (read_gbs * 1e9) * 1e3, ms = 1e3 * res.gen_s / res.n_gen;

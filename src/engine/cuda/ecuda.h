@@ -145,6 +145,10 @@ void keel_ecu_route(const float *logits, const keel_ecu_vec *corr, int E, int K,
  * weights w (m*K*8, as keel_ecu_route writes them); padded to cap (>= the union's size) with (0, 0) items. */
 void keel_ecu_route_union(const int *sel, const float *w, int m, int K, int E, int cap, keel_cuda_route *items,
                           float *weights, void *st);
+/* keel_ecu_route then keel_ecu_route_union in one launch (a block per 8-row group): the same outputs and bits. */
+void keel_ecu_route_window(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group, int topk_group,
+                           bool norm_topk, float scaling, int m, keel_cuda_route *items1, float *w1, int *sel, int cap,
+                           keel_cuda_route *items, float *weights, void *st);
 /* The MoE router in one launch: logits (m, E) = x (m, k) fp32 . W^T (keel_ecu_matvec, W a float matrix), then
  * keel_ecu_route into items1, w1, sel, then keel_ecu_route_union into items, weights (cap per group): the same bits
  * as the three. Launches of it must not overlap (one ticket counter). */
@@ -165,7 +169,7 @@ void keel_ecu_argmax(const float *v, int n, int *out, void *st);
 #define KEEL_ECU_PLANT_NOSHIFT 5 /* conv: the window never takes the new input (gate 3) */
 #define KEEL_ECU_PLANT_GROUPS 6  /* gate_norm: the first group one channel too wide (gate 3) */
 #define KEEL_ECU_PLANT_TIES 7    /* route, argmax: ties to the higher id (gate 3) */
-#define KEEL_ECU_PLANT_ORDER 8   /* route_union: the union in descending expert order (gate 3) */
+#define KEEL_ECU_PLANT_ORDER 8   /* route_union, route_window, router: the union in descending expert order (gate 3) */
 void keel_contract_twin_ecu_arm(int fault);
 void keel_contract_twin_ecu_embed(const keel_cuda_qw *t, const int *tok, int m, float *x, void *st);
 void keel_contract_twin_ecu_rmsnorm(const float *x, int ldx, const keel_ecu_vec *w, int m, int n, float eps, float *yf,
@@ -192,6 +196,10 @@ void keel_contract_twin_ecu_route(const float *logits, const keel_ecu_vec *corr,
 void keel_contract_twin_ecu_argmax(const float *v, int n, int *out, void *st);
 void keel_contract_twin_ecu_route_union(const int *sel, const float *w, int m, int K, int E, int cap,
                                         keel_cuda_route *items, float *weights, void *st);
+void keel_contract_twin_ecu_route_window(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group,
+                                         int topk_group, bool norm_topk, float scaling, int m, keel_cuda_route *items1,
+                                         float *w1, int *sel, int cap, keel_cuda_route *items, float *weights,
+                                         void *st);
 void keel_contract_twin_ecu_mamba_step(const float *proj, int ld, float *win, const keel_ecu_vec *cw,
                                        const keel_ecu_vec *cb, int K, float *state, const keel_ecu_vec *dt_bias,
                                        const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH, int P, int N, int G,

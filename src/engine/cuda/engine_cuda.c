@@ -79,6 +79,7 @@ struct keel_cuda_engine {
     int side_mode; /* keel_cuda_engine_set_side */
     bool fused_router; /* keel_cuda_engine_set_fused_router */
     bool fused_mamba;  /* keel_cuda_engine_set_fused_mamba */
+    bool route_window; /* keel_cuda_engine_set_route_window */
     unsigned *mcnt;    /* (n_groups) the fused Mamba step's arrival counters, zero between launches */
     void *graph;   /* the captured one-token decode step, or NULL */
     bool graphs;   /* decode steps replay the captured graph (on by default) */
@@ -369,6 +370,7 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     e->side = keel_ecu_stream_new();
     e->side_mode = KEEL_CUDA_ENGINE_SIDE_DEFAULT;
     e->fused_router = KEEL_CUDA_ENGINE_FUSED_ROUTER_DEFAULT; /* both fusions are slower than their three launches */
+    e->route_window = KEEL_CUDA_ENGINE_ROUTE_WINDOW_DEFAULT;
     e->fused_mamba = KEEL_CUDA_ENGINE_FUSED_MAMBA_DEFAULT;   /* in the decode graph (docs/performance.md) */
     e->fork = keel_ecu_event_new();
     e->join = keel_ecu_event_new();
@@ -510,6 +512,11 @@ void keel_cuda_engine_set_fused_mamba(keel_cuda_engine *e, bool on) {
     e->fused_mamba = on;
 }
 
+void keel_cuda_engine_set_route_window(keel_cuda_engine *e, bool on) {
+    if (on != e->route_window) drop_graph(e);
+    e->route_window = on;
+}
+
 void keel_cuda_engine_set_fused_router(keel_cuda_engine *e, bool on) {
     if (on != e->fused_router) drop_graph(e);
     e->fused_router = on;
@@ -647,9 +654,14 @@ static void moe(keel_cuda_engine *e, const dmoe *w, int m) {
                         g->routed_scaling, e->items1, e->rw1, e->sel, cap, e->items, e->rweights, e->st);
     } else {
         keel_ecu_matvec(&w->gate, e->xnf, KEEL_DT_F32, m, e->router, KEEL_DT_F32, KEEL_EPI_NONE, e->st);
-        keel_ecu_route(e->router, &w->corr, E, K, g->n_group, g->topk_group, g->norm_topk_prob, g->routed_scaling, m,
-                       e->items1, e->rw1, e->sel, e->st);
-        if (!e->f32) keel_ecu_route_union(e->sel, e->rw1, m, K, E, cap, e->items, e->rweights, e->st);
+        if (!e->f32 && e->route_window) { /* top-k and the unions in one launch */
+            keel_ecu_route_window(e->router, &w->corr, E, K, g->n_group, g->topk_group, g->norm_topk_prob,
+                                  g->routed_scaling, m, e->items1, e->rw1, e->sel, cap, e->items, e->rweights, e->st);
+        } else {
+            keel_ecu_route(e->router, &w->corr, E, K, g->n_group, g->topk_group, g->norm_topk_prob, g->routed_scaling,
+                           m, e->items1, e->rw1, e->sel, e->st);
+            if (!e->f32) keel_ecu_route_union(e->sel, e->rw1, m, K, E, cap, e->items, e->rweights, e->st);
+        }
     }
     fam_end(e);
     fam_begin(e, KEEL_CUF_EXPERTS);

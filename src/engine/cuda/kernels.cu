@@ -512,12 +512,6 @@ __global__ void mamba_step_kernel(const float *proj, int ld, float *win, DVec cw
 
 constexpr int kMaxExperts = 1024;
 
-__device__ __forceinline__ bool better(float sa, int a, float sb, int b) {
-    return sa > sb || (sa == sb && (PLANTED(KEEL_ECU_PLANT_TIES) ? a > b : a < b));
-}
-
-constexpr int kRouteRegs = 8; /* experts a lane holds in registers on route_row's fast path (E <= 256) */
-
 /* A float's order as an unsigned key: a greater float has a greater key, -0 the key of +0, NaN the lowest. */
 __device__ __forceinline__ uint32_t order_key(float f) {
     if (f != f) return 0u;
@@ -525,10 +519,18 @@ __device__ __forceinline__ uint32_t order_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* Whether score sa of a beats score sb of b: by order key (a NaN never beats a number), ties to the lower id. */
+__device__ __forceinline__ bool better(float sa, int a, float sb, int b) {
+    const uint32_t ka = order_key(sa), kb = order_key(sb);
+    return ka > kb || (ka == kb && (PLANTED(KEEL_ECU_PLANT_TIES) ? a > b : a < b));
+}
+
+constexpr int kRouteRegs = 8; /* experts a lane holds in registers on route_row's fast path (E <= 256) */
+
 /* route_row for E <= 32 * kRouteRegs experts, K <= 32, no group filter: each lane holds experts lane + 32 j in
  * registers; a round's winner is the largest key (warp max), ties to the lower id (warp min over the lanes holding
- * it); lane k keeps slot k. The same scores, choices and weights as route_row's shared-memory path wherever no
- * score is NaN (here a NaN never wins; there the outcome depended on where it sat). */
+ * it); lane k keeps slot k. The same scores, choices and weights as route_row's shared-memory path (both order by
+ * order_key, so a NaN score loses on either). */
 __device__ __forceinline__ void route_row_regs(const float *logits, const DVec &corr, int E, int K, int norm_topk,
                                                float scaling, keel_cuda_route *items, float *weights, int *sel, int r,
                                                int lane) {
@@ -766,6 +768,27 @@ __global__ void router_kernel(QW W, const float *x, int m, float *logits, DVec c
     if (threadIdx.x == 0) g_router_ticket = 0u;
 }
 
+/* route_kernel and union_kernel in one launch: block g routes rows 8g..8g+7 (a warp a row; warps loop when the
+ * block has fewer), then its first warp builds the group's union from the selections and weights the block just
+ * wrote (visible after the barrier). The same device functions in the same order: the two launches' bits. */
+__global__ void route_window_kernel(const float *logits, DVec corr, int m, int E, int K, int n_group, int topk_group,
+                                    int norm_topk, float scaling, keel_cuda_route *items1, float *w1, int *sel, int cap,
+                                    keel_cuda_route *items, float *weights) {
+    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    extern __shared__ unsigned char wsm[];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, warps = (int)(blockDim.x >> 5), g = (int)blockIdx.x;
+    unsigned char *mine = wsm + (size_t)wid * router_scratch(E, K);
+    float *s = (float *)mine, *b = s + E;
+    int *chosen = (int *)(b + E);
+    float *gs = (float *)(chosen + 64);
+    unsigned char *keep = (unsigned char *)(gs + 64), *used = keep + 64;
+    for (int r = 8 * g + wid; r < min(m, 8 * g + 8); r += warps)
+        route_row(logits, corr, E, K, n_group, topk_group, norm_topk, scaling, items1, w1, sel, r, lane, s, b, used,
+                  chosen, gs, keep);
+    __syncthreads(); /* the group's selections and weights are written and visible to the block */
+    if (wid == 0) union_group(sel, w1, m, K, E, cap, items, weights, g, lane, (int *)wsm, (float *)wsm + 8 * K);
+}
+
 constexpr int kArgThreads = 1024;
 
 __global__ void argmax_kernel(const float *__restrict__ v, int n, int *out) {
@@ -919,6 +942,20 @@ extern "C" void KEEL_ECU_FN(route_union)(const int *sel, const float *w, int m, 
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
+extern "C" void KEEL_ECU_FN(route_window)(const float *logits, const keel_ecu_vec *corr, int E, int K, int n_group,
+                                          int topk_group, bool norm_topk, float scaling, int m,
+                                          keel_cuda_route *items1, float *w1, int *sel, int cap,
+                                          keel_cuda_route *items, float *weights, void *st) {
+    KEEL_ASSERTF(E >= 1 && E <= kMaxExperts && K >= 1 && K <= 64 && K <= E && n_group <= 64 && m >= 1 && cap >= 1,
+                 "route window E %d K %d m %d cap %d", E, K, m, cap);
+    const size_t per = router_scratch(E, K);
+    const int warps = (int)KEEL_MIN(KEEL_MIN((size_t)8, (size_t)m), (size_t)(40 * 1024) / per);
+    KEEL_ASSERTF(warps >= 1, "route window scratch %zu bytes a warp", per);
+    route_window_kernel<<<(unsigned)((m + 7) / 8), (unsigned)(32 * warps), per * (size_t)warps, (cudaStream_t)st>>>(
+        logits, dv(corr), m, E, K, n_group, topk_group, norm_topk ? 1 : 0, scaling, items1, w1, sel, cap, items, weights);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
 extern "C" void KEEL_ECU_FN(router)(const keel_cuda_qw *W, const float *x, int m, float *logits,
                                     const keel_ecu_vec *corr, int K, int n_group, int topk_group, bool norm_topk,
                                     float scaling, keel_cuda_route *items1, float *w1, int *sel, int cap,
@@ -957,7 +994,7 @@ extern "C" const void *keel_ecu_kernel_fn(const char *symbol) {
         {"gate_norm_kernel", (const void *)gate_norm_kernel}, 
         {"route_kernel", (const void *)route_kernel},         {"argmax_kernel", (const void *)argmax_kernel},
         {"union_kernel", (const void *)union_kernel},         {"router_kernel", (const void *)router_kernel},
-        {"mamba_step_kernel", (const void *)mamba_step_kernel},
+        {"mamba_step_kernel", (const void *)mamba_step_kernel}, {"route_window_kernel", (const void *)route_window_kernel},
     };
     if (!symbol) return NULL;
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda.h"
@@ -258,6 +260,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     bool quick = false, do_sweep = false, table = true;
     const char *only = NULL; /* comma-separated shape names (also "experts", "rows"); NULL: all */
     unsigned bits_mask = 0;  /* bit b: width b only; 0: all */
+    std::vector<std::pair<int, int>> dims; /* --dims: (n, k) shapes run instead of the named ones */
     int tune_l2 = -1, tune_st = -1, prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, pdl = 0,
         split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
     for (int a = 1; a < argc; a++) {
@@ -273,6 +276,18 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
             a++;
         } else if (!strcmp(argv[a], "--shapes") && a + 1 < argc) {
             only = argv[++a];
+        } else if (!strcmp(argv[a], "--dims") && a + 1 < argc) {
+            for (const char *c = argv[++a]; *c;) {
+                int n = 0, k = 0, used = 0;
+                if (sscanf(c, "%d:%d%n", &n, &k, &used) != 2 || n < 1 || n > 131072 || k < 128 || k > 16384 || k % 128 ||
+                    (c[used] && c[used] != ',')) {
+                    fprintf(stderr, "keel bench stream: --dims '%s': expected N:K[,N:K...] with N in 1..131072 and K a "
+                                    "multiple of 128 in 128..16384\n", argv[a]);
+                    return 2;
+                }
+                dims.push_back({n, k});
+                c += used + (c[used] == ',');
+            }
         } else if (!strcmp(argv[a], "--bits") && a + 1 < argc) {
             for (const char *c = argv[++a]; *c; c++) {
                 if (*c == ',') continue;
@@ -284,13 +299,15 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
             }
         } else if (!strcmp(argv[a], "--pdl")) {
             pdl = 1;
+        } else if (!strcmp(argv[a], "--split-round") && a + 1 < argc && (!strcmp(argv[a + 1], "up") || !strcmp(argv[a + 1], "down"))) {
+            keel_cuda_stream_split_round(!strcmp(argv[++a], "down"));
         } else if (!strcmp(argv[a], "--split-long") && a + 1 < argc && (!strcmp(argv[a + 1], "on") || !strcmp(argv[a + 1], "off"))) {
             keel_cuda_stream_split_long(!strcmp(argv[++a], "on"));
         } else if (!strcmp(argv[a], "--tune") && a + 1 < argc && sscanf(argv[a + 1], "%d,%d", &tune_l2, &tune_st) == 2) {
             a++;
         } else {
             fprintf(stderr, "keel bench stream: unknown option '%s' (expected --quick, --sweep, --sweep-only, "
-                            "--tune L2BLOCK,STAGES, --prefetch S, --pdl, --split-target Q, --split-long on|off, --shapes A,B, --bits B,B)\n", argv[a]);
+                            "--tune L2BLOCK,STAGES, --prefetch S, --pdl, --split-target Q, --split-long on|off, --split-round up|down, --shapes A,B, --dims N:K,N:K, --bits B,B)\n", argv[a]);
             return 2;
         }
     }
@@ -358,16 +375,25 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     printf("%-14s %2s %4s %2s %10s %9s %7s %10s %8s\n", "shape", "b", "grp", "m", "us", "GB/s", "%read", "cublas_us",
            "vs_cublas");
 
-    const Shape shapes[] = {{"lm_head", 131072, 2688}, {"square16k", 16384, 16384}, {"in_proj", 10304, 2688},
-                            {"out_proj", 2688, 4096}, {"q_proj", 4096, 2688},       {"k_proj", 256, 2688},
-                            {"v_proj", 256, 2688},    {"o_proj", 2688, 4096},       {"shared_up", 3712, 2688},
-                            {"shared_down", 2688, 3712}};
+    std::vector<Shape> shapes = {{"lm_head", 131072, 2688}, {"square16k", 16384, 16384}, {"in_proj", 10304, 2688},
+                                 {"out_proj", 2688, 4096}, {"q_proj", 4096, 2688},       {"k_proj", 256, 2688},
+                                 {"v_proj", 256, 2688},    {"o_proj", 2688, 4096},       {"shared_up", 3712, 2688},
+                                 {"shared_down", 2688, 3712}};
+    std::vector<std::string> dim_names;
+    if (!dims.empty()) { /* only these shapes (named NxK), nothing else */
+        shapes.clear();
+        dim_names.reserve(dims.size());
+        for (auto &d : dims) dim_names.push_back(std::to_string(d.first) + "x" + std::to_string(d.second));
+        for (size_t i = 0; i < dims.size(); i++) shapes.push_back({dim_names[i].c_str(), dims[i].first, dims[i].second});
+        only = "";
+    }
     const int bits_list[] = {2, 3, 4, 5, 6, 8};
     const int ms[] = {1, 8};
     int reps = quick ? 5 : 20;
 
     for (const Shape &s : shapes) {
-        if (only ? !listed(only, s.name)
+        if (!dims.empty() ? false
+            : only ? !listed(only, s.name)
                  : quick && strcmp(s.name, "lm_head") && strcmp(s.name, "square16k") && strcmp(s.name, "q_proj"))
             continue;
         double blas[2] = {cublas_us(s.n, s.k, 1, x, y), cublas_us(s.n, s.k, 8, x, y)};

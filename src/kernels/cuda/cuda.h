@@ -108,6 +108,11 @@ bool keel_cuda_stream_split_target(int quarters);
  * changes the slices' sums: set it before any launch whose bits must match another's. */
 void keel_cuda_stream_split_long(int on);
 #define KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT 0
+/* keel_cuda_stream_split_round(1): the k-split's slice count rounds down, so a split shape never gives more than the
+ * target's quarters / 4 blocks an SM; 0, the default: it rounds up (at least that many). Like the target, it changes
+ * the slices' sums: set it before any launch whose bits must match another's. */
+void keel_cuda_stream_split_round(int down);
+#define KEEL_CUDA_STREAM_SPLIT_ROUND_DEFAULT 0
 
 /* Changes whenever the tiles' scratch (k-split partials, arrival counters) is reallocated, which a launch does only
  * the first time it needs more: a CUDA graph captured before a change holds freed memory and must be captured again. */

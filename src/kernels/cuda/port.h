@@ -206,22 +206,7 @@ static __device__ __forceinline__ uint32_t kp_and_or(uint32_t a, uint32_t b, uin
 #endif
 }
 
-/* Exact a - b on packed pairs (bf16x2 or f16x2 as raw words); used only on small integers. */
-static __device__ __forceinline__ uint32_t kp_sub_bf16x2(uint32_t a, uint32_t b) {
-#if defined(__HIPCC__) /* hipcc 5.2 has no bf16 pair type: exact in fp32 for these small integers */
-    const float lo = __uint_as_float(a << 16) - __uint_as_float(b << 16);
-    const float hi = __uint_as_float(a & 0xffff0000u) - __uint_as_float(b & 0xffff0000u);
-    return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
-#else
-    kp_bf162 x, y, r;
-    memcpy(&x, &a, 4);
-    memcpy(&y, &b, 4);
-    r = __hsub2(x, y);
-    uint32_t o;
-    memcpy(&o, &r, 4);
-    return o;
-#endif
-}
+/* Exact a - b on packed f16x2 pairs (as raw words); used only on small integers. */
 static __device__ __forceinline__ uint32_t kp_sub_f16x2(uint32_t a, uint32_t b) {
     __half2 x, y, r;
     memcpy(&x, &a, 4);
@@ -231,6 +216,7 @@ static __device__ __forceinline__ uint32_t kp_sub_f16x2(uint32_t a, uint32_t b) 
     memcpy(&o, &r, 4);
     return o;
 }
+
 /* Two floats (exact small integers here) to a bf16x2 word, lo in the low half. */
 static __device__ __forceinline__ uint32_t kp_pack_bf16x2(float lo, float hi) {
 #if defined(__HIPCC__) /* exact: the values are small integers */

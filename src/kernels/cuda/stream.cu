@@ -10,7 +10,8 @@
  * - x is staged per block in x-chunks (the whole k when it fits) in mma fragment order, with per-group sums of x.
  * - Thread (g, t) reads codes 8t..8t+7 of rows g and g+8 of each 32-code block (bits bytes, byte-aligned), turns
  *   them into exact bf16/f16 integers under a magic exponent, one mma per 16 codes; at each group end
- *   acc = fma(bias, sum(x), fma(scale, S, acc)).
+ *   acc = fma(bias, sum(x), fma(scale, S, acc)). With bf16 activations at 2-6 bits the codes keep the magic's
+ *   offset (q + 128: one packed subtract a code pair fewer) and S is the mma sum less 128 sum(x).
  * - A k-split (chosen from n, k and the SM count only) writes fp32 partials; the last block of a tile to finish
  *   adds them in slice order (and routed fc2's items in list order) and stores, so one launch does it all;
  *   stream_finish does that step as a second launch where one block would have too much to add.
@@ -48,6 +49,11 @@
 #define KEEL_STAGE_UNROLL _Pragma("unroll 1")
 #else
 #define KEEL_STAGE_UNROLL _Pragma("unroll")
+#endif
+#if defined(__HIPCC__) || defined(KEEL_STREAM_ROLL_GROUPS)
+#define KEEL_GROUP_UNROLL _Pragma("unroll 1")
+#else
+#define KEEL_GROUP_UNROLL _Pragma("unroll")
 #endif
 
 namespace {
@@ -141,8 +147,12 @@ __device__ __forceinline__ keel_cuda_route route_of(const Params &P, int it) {
 }
 
 
+/* The offset the decoded codes of a width keep (q + kOffset): bf16 activations at 2-6 bits leave the magic 128
+ * in (the group end takes 128 sum(x) off S); f16 (magic 1024) and 8 bits remove it per code pair. */
+template <int B, bool XF16> constexpr float kOffset = (!XF16 && B != 8) ? 128.f : 0.f;
+
 /* The 8 codes c0..c7 of one thread (bits B each, LSB first in v) as four operand words, word i holding
- * (c_i, c_{i+4}) as exact bf16 or f16 integers: or-ed under a magic exponent, the magic subtracted. */
+ * (c_i + kOffset, c_{i+4} + kOffset) as exact bf16 or f16 integers: or-ed under a magic exponent. */
 template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsigned long long v, uint32_t p[4]) {
     constexpr uint32_t magic = XF16 ? 0x64006400u : 0x43004300u;
     if constexpr (B == 8) {
@@ -177,7 +187,7 @@ template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsig
             q[3] = kp_and_or(w2 >> B, mm, magic);
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : kp_sub_bf16x2(q[i], magic);
+        for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : q[i]; /* bf16: 128 + c kept */
     }
 }
 
@@ -192,6 +202,51 @@ template <int B> struct Prod {
     const void *base;                 /* scales (lanes 0..15) or biases (16..31) */
     int ks, ke, lg;                   /* the slice [ks, ke) of k; log2(group) */
 };
+
+/* The lane's 16-byte code vectors of a stage: word offsets from the stage's first word of row 0 of the matrix
+ * (rows past the matrix clamped to its last) and in a slot. Both loops copy through these. */
+template <int B> __device__ __forceinline__ void lane_vectors(const Prod<B> &Q, int lane, int *roff, int *doff) {
+    using G = Geo<B>;
+#pragma unroll
+    for (int i = 0; i < G::VPL; i++) {
+        const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
+        roff[i] = min(Q.row0 + rr, Q.rlast) * Q.rw + 4 * u;
+        doff[i] = rr * G::RS + 4 * u;
+    }
+}
+
+/* Where thread t's codes 8t..8t+7 of a 32-code block start in a slot row: word (x) and bit shift (y). */
+template <int B> __device__ __forceinline__ int2 thread_codes(int t) {
+    return make_int2((t * B) >> 2, ((t * B) & 3) * 8);
+}
+
+/* Whether the last of a stage's nwd scale words (its first holding par halves before the stage's) would reach
+ * past the matrix, whose scales end rem halves after the stage's first. */
+__device__ __forceinline__ bool scale_tail(int nwd, int par, long long rem) { return 2 * nwd - 1 - par >= rem; }
+
+/* A stage's (scale, bias) table from 16-bit raw halves: the lane's N halves loaded together (PRED: only the first
+ * ngs, within the slot either way), then converted (bf16 or f16), then stored as fp32 at dst[2 * gs]; groups from
+ * ngs on (past the slice end) get zeros. Loads before stores: the stores may alias the next load otherwise. */
+template <int N, bool PRED>
+__device__ __forceinline__ void fill_table16(const uint16_t *r16, float *dst, int ngs, bool bf) {
+    uint16_t h[N];
+#pragma unroll
+    for (int gs = 0; gs < N; gs++) h[gs] = !PRED || gs < ngs ? r16[gs] : (uint16_t)0;
+    float v[N];
+    if (bf) {
+#pragma unroll
+        for (int gs = 0; gs < N; gs++) v[gs] = kp_bf16_to_f32(h[gs]);
+    } else {
+#pragma unroll
+        for (int gs = 0; gs < N; gs++) v[gs] = kp_f16_to_f32(h[gs]);
+    }
+    if (!PRED && ngs < N) {
+#pragma unroll
+        for (int gs = 0; gs < N; gs++) v[gs] = gs < ngs ? v[gs] : 0.f;
+    }
+#pragma unroll
+    for (int gs = 0; gs < N; gs++) dst[2 * gs] = v[gs];
+}
 
 /* Issues the asynchronous copies of stage s (codes, scales, biases of the warp's 16 rows) into `slot`, then
  * commits a group (also when there is nothing to copy, so that group counting stays uniform). A partial last
@@ -234,8 +289,8 @@ __device__ __forceinline__ void issue_stage(const Params &P, const Prod<B> &Q, i
                 if (i < ngs) kp_cp_async4(dst + i, (const float *)Q.base + e0 + i);
         } else if (P.sb4) { /* the words holding halves e0 .. e0 + ngs - 1 */
             const long long w0 = e0 >> 1;
-            const int nwd = ((int)(e0 & 1) + ngs + 1) >> 1;
-            const bool tail = 2 * (w0 + nwd - 1) + 1 >= Q.e_end; /* the last word would reach past the matrix */
+            const int par = (int)(e0 & 1), nwd = (par + ngs + 1) >> 1;
+            const bool tail = scale_tail(nwd, par, Q.e_end - e0);
             const uint32_t *src = (const uint32_t *)Q.base + w0;
 #pragma unroll
             for (int i = 0; i < G::NBC / 2 + 1; i++)
@@ -338,7 +393,7 @@ __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *r
                                            const float2 *sa, const float2 *sb, int epi, float acc[4]) {
     using G = Geo<B>;
     (void)epi;
-    KEEL_STAGE_UNROLL
+    KEEL_GROUP_UNROLL
     for (int gs = 0; gs < G::NBC / BPG; gs++) {
         float S[4] = {0.f, 0.f, 0.f, 0.f};
         KEEL_STAGE_UNROLL
@@ -372,10 +427,18 @@ __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *r
         }
         const float2 s0 = sa[gs], s1 = sb[gs];
         const float xs0 = xs0ok ? xsa[gs] : 0.f;
+        if constexpr (kOffset<B, XF16> != 0.f) { /* the codes' offset out: one rounding (kOffset * xs is exact) */
+            S[0] = __fmaf_rn(-kOffset<B, XF16>, xs0, S[0]);
+            S[2] = __fmaf_rn(-kOffset<B, XF16>, xs0, S[2]);
+        }
         acc[0] = KEEL_PLANT_GROUP_END(acc[0], s0.x, S[0], KEEL_PLANT_BIAS(s0.y), xs0, epi);
         acc[2] = KEEL_PLANT_GROUP_END(acc[2], s1.x, S[2], KEEL_PLANT_BIAS(s1.y), xs0, epi);
         if constexpr (!ONE) { /* columns 2t + 1: activation rows 1, 3, 5, 7, none of them live when m = 1 */
             const float xs1 = xs1ok ? xsb[gs] : 0.f;
+            if constexpr (kOffset<B, XF16> != 0.f) {
+                S[1] = __fmaf_rn(-kOffset<B, XF16>, xs1, S[1]);
+                S[3] = __fmaf_rn(-kOffset<B, XF16>, xs1, S[3]);
+            }
             acc[1] = KEEL_PLANT_GROUP_END(acc[1], s0.x, S[1], KEEL_PLANT_BIAS(s0.y), xs1, epi);
             acc[3] = KEEL_PLANT_GROUP_END(acc[3], s1.x, S[3], KEEL_PLANT_BIAS(s1.y), xs1, epi);
         }
@@ -458,13 +521,9 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
     using G = Geo<B>;
     const int g = lane >> 2, t = lane & 3, nst = P.nst, stride = P.stride;
     int roff[G::VPL], doff[G::VPL]; /* the lane's code vectors, as word offsets in the matrix and the slot */
-#pragma unroll
-    for (int i = 0; i < G::VPL; i++) {
-        const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
-        roff[i] = min(Q.row0 + rr, Q.rlast) * Q.rw + 4 * u;
-        doff[i] = rr * G::RS + 4 * u;
-    }
-    const int tw = (t * B) >> 2, tsh = ((t * B) & 3) * 8;
+    lane_vectors<B>(Q, lane, roff, doff);
+    const int2 tc = thread_codes<B>(t);
+    const int tw = tc.x, tsh = tc.y;
     const bool xlive = g < P.m, xs0ok = 2 * t < P.m, xs1ok = 2 * t + 1 < P.m;
 
     if (P.pfs) {
@@ -498,13 +557,7 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
             const uint32_t *raw = slot + G::CW + which * (kRowsPerWarp * P.sw) + rr * P.sw;
             float *dst = (float *)(sbf + rr * G::SBR) + which;
             if (P.sdt != SDT_F32) { /* 16-bit: predicated loads, a zero half is 0.0f in both dtypes */
-                const uint16_t *r16 = (const uint16_t *)raw + (int)(e0 & 1);
-                const bool bf = P.sdt == SDT_BF16;
-#pragma unroll
-                for (int gs = 0; gs < G::NBC; gs++) {
-                    const uint16_t h = gs < ngs ? r16[gs] : (uint16_t)0;
-                    dst[2 * gs] = bf ? kp_bf16_to_f32(h) : kp_f16_to_f32(h);
-                }
+                fill_table16<G::NBC, true>((const uint16_t *)raw + (int)(e0 & 1), dst, ngs, P.sdt == SDT_BF16);
             } else {
 #pragma unroll
                 for (int gs = 0; gs < G::NBC; gs++) dst[2 * gs] = gs < ngs ? __uint_as_float(raw[gs]) : 0.f;
@@ -564,7 +617,7 @@ __device__ __forceinline__ void issue_fast(const Prod<B> &Q, FastCopy<B> &C, int
             for (int i = 0; i < GPS / 2 + 1; i++)
                 if (i < nwd) kp_cp_async4(dst + i, ws + i);
         } else {
-            const bool tail = 2 * nwd - 1 - par >= C.rem; /* the last word would reach past the matrix */
+            const bool tail = scale_tail(nwd, par, C.rem);
 #pragma unroll
             for (int i = 0; i < GPS / 2 + 1; i++)
                 if (i < nwd - (int)tail) kp_cp_async4(dst + i, ws + i);
@@ -576,29 +629,6 @@ __device__ __forceinline__ void issue_fast(const Prod<B> &Q, FastCopy<B> &C, int
     C.sh += GPS;
     C.rem -= GPS;
     kp_cp_commit();
-}
-
-/* The FAST loop's (scale, bias) table of a stage: the lane's GPS halves (loaded together, then converted) as fp32
- * at dst[2 * gs]; groups from ngs on (past the slice end) get zeros. */
-template <int GPS>
-__device__ __forceinline__ void fill_table_fast(const uint16_t *r16, float *dst, int ngs, bool bf) {
-    uint16_t h[GPS];
-#pragma unroll
-    for (int gs = 0; gs < GPS; gs++) h[gs] = r16[gs]; /* within the slot's scale words */
-    float v[GPS];
-    if (bf) {
-#pragma unroll
-        for (int gs = 0; gs < GPS; gs++) v[gs] = kp_bf16_to_f32(h[gs]);
-    } else {
-#pragma unroll
-        for (int gs = 0; gs < GPS; gs++) v[gs] = kp_f16_to_f32(h[gs]);
-    }
-    if (ngs < GPS) {
-#pragma unroll
-        for (int gs = 0; gs < GPS; gs++) v[gs] = gs < ngs ? v[gs] : 0.f;
-    }
-#pragma unroll
-    for (int gs = 0; gs < GPS; gs++) dst[2 * gs] = v[gs];
 }
 
 /* The common launch's walk over its slice (16-byte code copies, 4-byte aligned 16-bit scales, a ring of two or more
@@ -614,18 +644,14 @@ __device__ __forceinline__ void stream_loop_fast(const Params &P, const Prod<B> 
     const int g = lane >> 2, t = lane & 3, nst = P.nst, stride = P.stride;
     FastCopy<B> C;
     C.wk = Q.wb + (Q.ks >> 5) * B;
-#pragma unroll
-    for (int i = 0; i < G::VPL; i++) {
-        const int v = i * 32 + lane, rr = v / (G::WPR / 4), u = v % (G::WPR / 4);
-        C.roff[i] = min(Q.row0 + rr, Q.rlast) * Q.rw + 4 * u;
-        C.doff[i] = rr * G::RS + 4 * u;
-    }
+    lane_vectors<B>(Q, lane, C.roff, C.doff);
     const long long e0 = Q.e + (Q.ks >> LG);
     C.sh = (const uint16_t *)Q.base + e0;
     C.rem = (int)min(Q.e_end - e0, 1ll << 30);
     C.sdo = G::CW + (lane >> 4) * (kRowsPerWarp * P.sw) + (lane & 15) * P.sw;
     const int par0 = (int)(e0 & 1);
-    const int tw = (t * B) >> 2, tsh = ((t * B) & 3) * 8;
+    const int2 tc = thread_codes<B>(t);
+    const int tw = tc.x, tsh = tc.y;
     const int gx = g < P.m ? g : 0, r0 = 2 * t < P.m ? 2 * t : 0, r1 = 2 * t + 1 < P.m ? 2 * t + 1 : 0;
     const bool bf = P.sdt == SDT_BF16;
 
@@ -645,8 +671,8 @@ __device__ __forceinline__ void stream_loop_fast(const Params &P, const Prod<B> 
         { /* the stage's scales and biases to fp32 (scale, bias) pairs; groups past the slice end get zeros */
             const int ngs = (min(G::NBC, (Q.ke - k0) >> 5) * 32) >> LG;
             const int par = (GPS & 1) ? (par0 + s * GPS) & 1 : par0;
-            fill_table_fast<GPS>((const uint16_t *)(slot + C.sdo) + par, (float *)(sbf + (lane & 15) * G::SBR) + (lane >> 4),
-                                 ngs, bf);
+            fill_table16<GPS, false>((const uint16_t *)(slot + C.sdo) + par,
+                                     (float *)(sbf + (lane & 15) * G::SBR) + (lane >> 4), ngs, bf);
         }
         kp_syncwarp();
         {
@@ -802,7 +828,8 @@ Scratch *scratch_of(cudaStream_t st) {
 constexpr int kL2Block = 1; /* default: code copies ask L2 for whole 256-byte blocks */
 int g_l2_block = kL2Block, g_max_stages = kMaxStages, g_diag = 0;
 int g_pf_stages = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, g_pdl = KEEL_CUDA_STREAM_PDL_DEFAULT;
-int g_split_target = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT, g_split_long = KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT;
+int g_split_target = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT, g_split_long = KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT,
+    g_split_down = KEEL_CUDA_STREAM_SPLIT_ROUND_DEFAULT;
 int g_pdl_ok = -1; /* the device can launch programmatic dependents (sm_90+), once known */
 
 /* Whether launches go out as programmatic dependents: asked for, and the device has them (sm_90+). */
@@ -988,14 +1015,15 @@ extern "C" void keel_cuda_stream_scratch_release(void *owner) {
 
 extern "C" int keel_cuda_stream_splits(int n, int k, int items) {
     /* Split k when the row tiles of the `items` matrices a launch brings (the stack's hint, never the launch's list)
-     * cannot give the SMs g_split_target / 4 blocks each: then that many blocks, slices of at least two 128-code
-     * quads. Else, with g_split_long, a slice of kLongSlice+ codes halves when twice the blocks still fit the SMs. */
+     * cannot give the SMs g_split_target / 4 blocks each: then that many blocks (at most that many with g_split_down),
+     * slices of at least two 128-code quads. Else, with g_split_long, a slice of kLongSlice+ codes halves when twice
+     * the blocks still fit the SMs. */
     const long long tiles = (long long)(n + kRowsPerBlock - 1) / kRowsPerBlock * (items > 1 ? items : 1),
                     sms = sm_count(), q = g_split_target;
     /* enough blocks: a long slice still halves when both halves' blocks run in one wave (each warp's chain of
      * stages is the time of a launch that fills the chip once) */
     if (4 * tiles >= q * sms) return g_split_long && k >= kLongSlice && 2 * tiles <= blocks_per_sm() * sms ? 2 : 1;
-    long long want = (q * sms + 4 * tiles - 1) / (4 * tiles);
+    long long want = g_split_down ? q * sms / (4 * tiles) : (q * sms + 4 * tiles - 1) / (4 * tiles);
     const long long nq = (k + kQuad - 1) / kQuad, most = k / (2 * kQuad) > 1 ? k / (2 * kQuad) : 1;
     if (want > nq) want = nq;
     if (want > most) want = most;
@@ -1025,6 +1053,8 @@ extern "C" void keel_cuda_stream_pdl(int on) { g_pdl = on != 0; }
 extern "C" bool keel_cuda_stream_pdl_active(void) { return pdl_active(); }
 
 extern "C" void keel_cuda_stream_split_long(int on) { g_split_long = on != 0; }
+
+extern "C" void keel_cuda_stream_split_round(int down) { g_split_down = down != 0; }
 
 extern "C" bool keel_cuda_stream_split_target(int quarters) {
     if (quarters < 1 || quarters > 64) return false;

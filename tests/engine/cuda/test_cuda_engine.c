@@ -208,9 +208,9 @@ static void test_graphs_same_tokens(void **state) {
     keel_cuda_engine_free(e);
 }
 
-/* The second stream changes scheduling only, and the fused router and Mamba step give the bits of the launches they
- * replace: logits of windows and prompt chunks, MTP logits and graph-replayed greedy tokens are bit-identical with
- * the second stream off, on and at low priority, and with either fusion off. */
+/* The second stream changes scheduling only, and the fused router, the route window and the fused Mamba step give
+ * the bits of the launches they replace: logits of windows and prompt chunks, MTP logits and graph-replayed greedy
+ * tokens are bit-identical with the second stream off, on and at low priority, and with each fusion off. */
 static void test_scheduling_same_bits(void **state) {
     fx *f = *state;
     const keel_config *c = &f->model.cfg;
@@ -219,8 +219,9 @@ static void test_scheduling_same_bits(void **state) {
     keel_err err = {0};
     assert_int_equal(keel_cuda_engine_init(&e, &f->model, 128, &err), KEEL_OK);
     const size_t nl = (size_t)n * V;
-    enum { NCFG = 5 };
-    static const int cfg[NCFG][3] = {{0, 0, 0}, {1, 1, 1}, {2, 1, 1}, {1, 0, 1}, {1, 1, 0}}; /* side, router, mamba */
+    enum { NCFG = 6 };
+    static const int cfg[NCFG][4] = {{0, 0, 0, 0}, {1, 1, 1, 1}, {2, 1, 1, 1}, {1, 0, 1, 1}, {1, 1, 0, 1}, {1, 0, 0, 1}};
+    /* side, fused router, fused Mamba step, route window (top-k and unions in one launch) */
     float *logits[NCFG], *mtp[NCFG], *h = malloc((size_t)n * H * sizeof(float));
     collect toks[NCFG];
     memset(toks, 0, sizeof toks);
@@ -231,6 +232,7 @@ static void test_scheduling_same_bits(void **state) {
         keel_cuda_engine_set_side(e, cfg[mode][0]);
         keel_cuda_engine_set_fused_router(e, cfg[mode][1]);
         keel_cuda_engine_set_fused_mamba(e, cfg[mode][2]);
+        keel_cuda_engine_set_route_window(e, cfg[mode][3]);
         for (int w = 0; w < 2; w++) { /* exact 8-row windows, then 64-row prompt chunks */
             keel_cuda_engine_reset(e);
             keel_cuda_engine_set_window(e, w ? 64 : 8);
@@ -248,8 +250,9 @@ static void test_scheduling_same_bits(void **state) {
         assert_memory_equal(mtp[mode], mtp[0], (size_t)(n - 1) * V * sizeof(float));
         assert_memory_equal(toks[mode].ids, toks[0].ids, sizeof toks[0].ids);
     }
-    print_message("second stream off, on and at low priority, fused router and Mamba step on and off: logits (8-row "
-                  "windows, 64-row chunks), MTP logits and 32 graph-replayed greedy tokens bit-identical\n");
+    print_message("second stream off, on and at low priority, fused router, route window and Mamba step on and off: "
+                  "logits (8-row windows, 64-row chunks), MTP logits and 32 graph-replayed greedy tokens "
+                  "bit-identical\n");
     for (int mode = 0; mode < NCFG; mode++) free(logits[mode]), free(mtp[mode]);
     free(h);
     keel_cuda_engine_free(e);

@@ -120,8 +120,10 @@ static double xval(const uint16_t *x, size_t i, keel_dtype xdt) {
     return xdt == KEEL_DT_BF16 ? keel_bf16_to_f32(x[i]) : keel_f16_to_f32(x[i]);
 }
 
-/* float64 reference of row r, column j, and the magnitude the kernel's arithmetic sums: sum |x|(|s q| + |b|). */
+/* float64 reference of row r, column j, and the magnitude the kernel's arithmetic sums: sum |x|(|s|(q + 2M) + |b|),
+ * M the offset bf16 codes keep at 2-6 bits (128; the mma sums x(q + M), the group end takes M sum(x) off). */
 static double ref_dot(const qm *q, const uint16_t *x, keel_dtype xdt, int r, int j, double *mag) {
+    const double off = xdt == KEEL_DT_BF16 && q->bits != 8 ? 128.0 : 0.0;
     double acc = 0, a = 0;
     size_t rw = keel_quant_row_words(q->k, q->bits);
     for (int c = 0; c < q->k; c++) {
@@ -129,7 +131,7 @@ static double ref_dot(const qm *q, const uint16_t *x, keel_dtype xdt, int r, int
         double s = keel_dtype_get_f32(q->sdt, q->scales, gi), b = keel_dtype_get_f32(q->sdt, q->biases, gi);
         double qq = keel_quant_code(q->codes + (size_t)j * rw, q->bits, c), xv = xval(x, (size_t)r * q->k + c, xdt);
         acc += xv * (s * qq + b);
-        a += fabs(xv) * (fabs(s * qq) + fabs(b));
+        a += fabs(xv) * (fabs(s * qq) + fabs(b) + 2 * off * fabs(s));
     }
     *mag = a;
     return acc;

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the GPU machine: builds carried here compared on the same device run. For each keel binary of $BINS (space-
+# separated paths; default build-l/keel), interleaved ROUNDS times (default 2): `keel bench decode` at 1k; then per
+# binary `keel bench stream $STREAM_ARGS` (default --quick), its table rows. With SASS=1 each binary's SASS
+# instruction count per stream_tile function, and the first binary's stream_tile<4, bf16> SASS (tile and twin) in $OUT/tile4.sass.
+NAME=ab BUILD_DIR=build-l
+. "$(dirname "$0")/lib.sh"
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH}:/usr/local/cuda/lib64
+timeout 150 $K synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64 >/dev/null 2>&1 || echo "synth failed"
+BINS=${BINS:-$K}
+for r in $(seq ${ROUNDS:-2}); do
+  for b in $BINS; do
+    timeout 90 $b bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda ${DARGS:-} >/tmp/d.log 2>&1
+    echo "decode $b: rc=$? $(grep '^decode:' /tmp/d.log | sed 's/ at batch 1//') $(grep '^prompt:' /tmp/d.log | sed 's/.*: //')"
+  done
+done
+for b in $BINS; do
+  timeout 150 $b bench stream ${STREAM_ARGS:---quick} >/tmp/b.log 2>&1
+  echo "bench stream $b: rc=$?"; grep -E "^(read bandwidth|[a-z_0-9]+ +[2-8] +[0-9]+ +[18] |experts|  separate)" /tmp/b.log
+done
+if [[ ${SASS:-0} == 1 ]]; then
+  first=1
+  for b in $BINS; do
+    cuobjdump -sass "$b" >/tmp/all.sass 2>/dev/null
+    python3 - "$first" "$OUT/tile4.sass" "$b" <<'PY'
+import re, sys
+first, dst, name = sys.argv[1] == "1", sys.argv[2], sys.argv[3]
+cur, n, keep = None, {}, []
+for line in open("/tmp/all.sass"):
+    m = re.match(r"\s+Function : (\S+)", line)
+    if m:
+        cur = m.group(1); n[cur] = 0
+        if first and "11stream_tileILi4ELb0E" in cur: keep.append(line)
+        continue
+    if cur and re.match(r"\s+/\*[0-9a-f]{4,}\*/", line):
+        n[cur] += 1
+        if first and "11stream_tileILi4ELb0E" in cur: keep.append(line)
+for f, c in n.items():
+    if "stream_tile" in f: print(f"  {name}: {c:6d} SASS instructions  {f}")
+if first: open(dst, "w").writelines(keep)
+PY
+    first=0
+  done
+fi
