@@ -217,6 +217,15 @@ static void launch_mamba_sequence(const keel_contract_reg *reg, const keel_contr
     keel_ecu_gate_norm(p[11], p[0], ld, &w, S_G, di, 1e-5f, m, p[12], p[13], NULL);
 }
 
+/* route then route_union as two launches, from the logits in buffer il (corr in buffer 1), top K, into the five
+ * buffers at o (items1, w1, sel, items, weights): the tail of the fused router's sequence, the route window's whole. */
+static void route_then_union(const ecase *c, int il, int K, void *const *o) {
+    const int m = c->m, n = c->n;
+    keel_ecu_vec corr = vec(c, 1);
+    keel_ecu_route(dptr(&c->b[il]), &corr, n, K, 1, 1, true, 2.5f, m, o[0], o[1], o[2], NULL);
+    keel_ecu_route_union(o[2], o[1], m, K, n, KEEL_MIN(n, 8 * K), o[3], o[4], NULL);
+}
+
 /* The sequence the fused router replaces: the fp32 matvec, route, route_union as three launches (gate 4). */
 static void launch_router_sequence(const keel_contract_reg *reg, const keel_contract_args *a) {
     (void)reg;
@@ -225,22 +234,17 @@ static void launch_router_sequence(const keel_contract_reg *reg, const keel_cont
     void *p[MAXB];
     for (int i = 0; i < c->nb; i++) p[i] = dptr(&c->b[i]);
     keel_cuda_qw W = {p[0], NULL, NULL, n, k, 0, 0, KEEL_DT_BF16, 0, 0, 0};
-    keel_ecu_vec corr = vec(c, 1);
     keel_ecu_matvec(&W, p[2], KEEL_DT_F32, m, p[3], KEEL_DT_F32, KEEL_EPI_NONE, NULL);
-    keel_ecu_route(p[3], &corr, n, R_K1, 1, 1, true, 2.5f, m, p[4], p[5], p[6], NULL);
-    keel_ecu_route_union(p[6], p[5], m, R_K1, n, KEEL_MIN(n, 8 * R_K1), p[7], p[8], NULL);
+    route_then_union(c, 3, R_K1, p + 4);
 }
 
 /* The sequence the route window replaces: route, route_union as two launches (gate 4). */
 static void launch_rwin_sequence(const keel_contract_reg *reg, const keel_contract_args *a) {
     (void)reg;
     const ecase *c = a->x;
-    const int m = c->m, n = c->n, k = c->k;
     void *p[MAXB];
     for (int i = 0; i < c->nb; i++) p[i] = dptr(&c->b[i]);
-    keel_ecu_vec corr = vec(c, 1);
-    keel_ecu_route(p[0], &corr, n, k, 1, 1, true, 2.5f, m, p[2], p[3], p[4], NULL);
-    keel_ecu_route_union(p[4], p[3], m, k, n, KEEL_MIN(n, 8 * k), p[5], p[6], NULL);
+    route_then_union(c, 0, c->k, p + 2);
 }
 
 /* The launches a fused kind replaces (gate 4 holds it to their bits) and their names for a failure; NULL otherwise. */
@@ -321,6 +325,27 @@ static double oget(const buf *b, const void *o, size_t j) {
 /* Gate 3 on one case: every output within its bound, integers exact, float outputs not all equal. */
 static bool check_ref(const ecase *c, void **outs, keel_contract_gate_result *gr);
 
+/* Gate 3 of a routing stage and the union stage after it: the routing (o: items1, w1, sel) against the float64
+ * router of `logits` (m x n, the correction bias c's buffer 1) at top K, then the unions (o + 3: items, weights)
+ * against the exact union of the routing it chose. The fused router and the route window end with these. */
+static bool check_routing(const ecase *c, const void *logits, int K, void **o, keel_contract_gate_result *gr) {
+    ecase rt = {.kind = K_ROUTE, .m = c->m, .n = c->n, .k = K};
+    keel_contract_ecase_layout(&rt);
+    memcpy(rt.b[0].h, logits, bytes_of(&rt.b[0])), memcpy(rt.b[1].h, c->b[1].h, bytes_of(&rt.b[1]));
+    void *o_rt[MAXB] = {0};
+    o_rt[2] = o[0], o_rt[3] = o[1], o_rt[4] = o[2];
+    bool ok = check_ref(&rt, o_rt, gr);
+    keel_contract_ecase_free(&rt);
+    ecase un = {.kind = K_UNION, .m = c->m, .n = c->n, .k = K};
+    keel_contract_ecase_layout(&un);
+    memcpy(un.b[0].h, o[2], bytes_of(&un.b[0])), memcpy(un.b[1].h, o[1], bytes_of(&un.b[1]));
+    void *o_un[MAXB] = {0};
+    o_un[2] = o[3], o_un[3] = o[4];
+    ok = ok && check_ref(&un, o_un, gr);
+    keel_contract_ecase_free(&un);
+    return ok;
+}
+
 /* Gate 3 of the fused router, stage by stage: the logits against the float64 matvec, then the routing against the
  * float64 router of the logits it computed, then the unions against the exact union of the routing it chose. */
 static bool check_router(const ecase *c, void **outs, keel_contract_gate_result *gr) {
@@ -331,41 +356,13 @@ static bool check_router(const ecase *c, void **outs, keel_contract_gate_result 
     o_mv[2] = outs[3];
     bool ok = check_ref(&mv, o_mv, gr);
     keel_contract_ecase_free(&mv);
-    ecase rt = {.kind = K_ROUTE, .m = c->m, .n = c->n, .k = R_K1};
-    keel_contract_ecase_layout(&rt);
-    memcpy(rt.b[0].h, outs[3], bytes_of(&rt.b[0])), memcpy(rt.b[1].h, c->b[1].h, bytes_of(&rt.b[1]));
-    void *o_rt[MAXB] = {0};
-    o_rt[2] = outs[4], o_rt[3] = outs[5], o_rt[4] = outs[6];
-    ok = ok && check_ref(&rt, o_rt, gr);
-    keel_contract_ecase_free(&rt);
-    ecase un = {.kind = K_UNION, .m = c->m, .n = c->n, .k = R_K1};
-    keel_contract_ecase_layout(&un);
-    memcpy(un.b[0].h, outs[6], bytes_of(&un.b[0])), memcpy(un.b[1].h, outs[5], bytes_of(&un.b[1]));
-    void *o_un[MAXB] = {0};
-    o_un[2] = outs[7], o_un[3] = outs[8];
-    ok = ok && check_ref(&un, o_un, gr);
-    keel_contract_ecase_free(&un);
-    return ok;
+    return ok && check_routing(c, outs[3], R_K1, outs + 4, gr);
 }
 
 /* Gate 3 of the route window, stage by stage: the routing against the float64 router of the logits, then the unions
  * against the exact union of the routing it chose. */
 static bool check_rwin(const ecase *c, void **outs, keel_contract_gate_result *gr) {
-    ecase rt = {.kind = K_ROUTE, .m = c->m, .n = c->n, .k = c->k};
-    keel_contract_ecase_layout(&rt);
-    memcpy(rt.b[0].h, c->b[0].h, bytes_of(&rt.b[0])), memcpy(rt.b[1].h, c->b[1].h, bytes_of(&rt.b[1]));
-    void *o_rt[MAXB] = {0};
-    o_rt[2] = outs[2], o_rt[3] = outs[3], o_rt[4] = outs[4];
-    bool ok = check_ref(&rt, o_rt, gr);
-    keel_contract_ecase_free(&rt);
-    ecase un = {.kind = K_UNION, .m = c->m, .n = c->n, .k = c->k};
-    keel_contract_ecase_layout(&un);
-    memcpy(un.b[0].h, outs[4], bytes_of(&un.b[0])), memcpy(un.b[1].h, outs[3], bytes_of(&un.b[1]));
-    void *o_un[MAXB] = {0};
-    o_un[2] = outs[5], o_un[3] = outs[6];
-    ok = ok && check_ref(&un, o_un, gr);
-    keel_contract_ecase_free(&un);
-    return ok;
+    return check_routing(c, c->b[0].h, c->k, outs + 2, gr);
 }
 
 /* Gate 3 of the fused Mamba step, stage by stage: the conv (outputs and windows) against the float64 conv of the

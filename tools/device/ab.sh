@@ -10,8 +10,7 @@ timeout 150 $K synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64 >/d
 BINS=${BINS:-$K}
 for r in $(seq ${ROUNDS:-2}); do
   for b in $BINS; do
-    timeout 90 $b bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda ${DARGS:-} >/tmp/d.log 2>&1
-    echo "decode $b: rc=$? $(grep '^decode:' /tmp/d.log | sed 's/ at batch 1//') $(grep '^prompt:' /tmp/d.log | sed 's/.*: //')"
+    decode_line "$b" "$b" ${DARGS:-}
   done
 done
 for b in $BINS; do

@@ -6,12 +6,12 @@
 here=$(dirname "$0")
 bash "$here/closing3.sh" >"${OUT:-/tmp}/c3.txt" 2>&1
 grep -vE "^(square16k|lm_head) +[0-9]+ +[0-9]+ +8 " "${OUT:-/tmp}/c3.txt" | cut -c1-200
-. .devdeps/env.sh
+NAME=c4 BUILD_DIR=build-l
+. "$here/lib.sh"
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 IFS=';' read -ra extra <<<"${DECODE_ARGS:-}"
 for r in $(seq ${ROUNDS:-2}); do
   for a in "" "${extra[@]}"; do
-    timeout 90 build-l/keel bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda $a >/tmp/d.log 2>&1
-    echo "decode [$a]: rc=$? $(grep '^decode:' /tmp/d.log | sed 's/ at batch 1//') $(grep '^prompt:' /tmp/d.log | sed 's/.*: //')"
+    decode_line "[$a]" $K $a
   done
 done

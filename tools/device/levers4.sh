@@ -14,8 +14,7 @@ timeout 90 $K bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend
 grep -E "^(decode|bandwidth|prompt|stream)" "$OUT/dec_1k.log"; sed -n '/family/,$p' "$OUT/dec_1k.log"
 IFS=';' read -ra extra <<<"${DECODE_ARGS:-}"
 for a in "${extra[@]}"; do
-  timeout 90 $K bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda $a >/tmp/d.log 2>&1
-  echo "decode $a: rc=$? $(grep '^decode:' /tmp/d.log | sed 's/ at batch 1//') $(grep '^prompt:' /tmp/d.log | sed 's/.*: //')"
+  decode_line "$a" $K $a
 done
 IFS=';' read -ra bargs <<<"${BENCH_ARGS:-}"
 for a in "${bargs[@]}"; do

@@ -1,6 +1,6 @@
 # Sourced by the device scripts (levers.sh, split.sh, closing2.sh, closing3.sh, quick.sh, levers4.sh): logs under
-# $OUT, the carried .devdeps and .devfix, and helpers (build, step, checks, ncu_step). Set NAME before sourcing; OUT
-# defaults to /tmp/keel-$NAME, the build to build-$NAME.
+# $OUT, the carried .devdeps and .devfix, and helpers (build, step, checks, decode_line, ncu_step). Set NAME
+# before sourcing; OUT defaults to /tmp/keel-$NAME, the build to build-$NAME.
 set -uo pipefail
 OUT=${OUT:-/tmp/keel-$NAME}
 B=${BUILD_DIR:-build-$NAME}
@@ -38,6 +38,13 @@ checks() {
     grep -E "FAILED|Assert|mismatch|differ" "$OUT/$tb.log" | head -5
   done
   grep -E "agreement" "$OUT/engine_cuda_test_cuda_synth.log" | cut -c1-200
+}
+# decode_line LABEL BIN [ARGS...]: `BIN bench decode` of /tmp/nano at 1k with ARGS, as one line: LABEL, rc, the
+# decode and prompt figures
+decode_line() {
+  local label=$1 bin=$2; shift 2
+  timeout 90 "$bin" bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda "$@" >/tmp/d.log 2>&1
+  echo "decode $label: rc=$? $(grep '^decode:' /tmp/d.log | sed 's/ at batch 1//') $(grep '^prompt:' /tmp/d.log | sed 's/.*: //')"
 }
 # ncu_step [ncu_step.py options]: one launch-by-launch decode step of /tmp/nano through ncu (no cache flush, no clock
 # control; NCU_CTX=C: at context C; NCU_ARGS: more bench decode options), its GPU time per kernel to $OUT/ncu_step.txt

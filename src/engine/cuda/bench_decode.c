@@ -221,7 +221,8 @@ int keel_engine_bench_decode(int argc, char **argv) {
         if (backend == KEEL_BACKEND_CUDA)
             printf("stream tiles: programmatic dependent launch %s, L2 prefetch chunk %d stages, k-split target %d/4 "
                    "blocks an SM%s, long slices halved %s; second stream %s; router in %s; Mamba step in %s\n",
-                   pdl ? "on" : "off", prefetch, split_q, split_down ? " (at most)" : "", split_long ? "on" : "off", side == 0 ? "off" : side == 2 ? "on (lowest priority)" : "on",
+                   pdl ? "on" : "off", prefetch, split_q, split_down ? " (at most)" : "", split_long ? "on" : "off",
+                   side == 0 ? "off" : side == 2 ? "on (lowest priority)" : "on",
                    fused_router ? "one launch" : route_window ? "two launches (top-k with the unions)" : "three launches",
                    fused_mamba ? "one launch" : "three launches");
         if (backend == KEEL_BACKEND_CUDA && res.n_gen > 0 && read_gbs > 0) {

@@ -379,22 +379,20 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
                                  {"out_proj", 2688, 4096}, {"q_proj", 4096, 2688},       {"k_proj", 256, 2688},
                                  {"v_proj", 256, 2688},    {"o_proj", 2688, 4096},       {"shared_up", 3712, 2688},
                                  {"shared_down", 2688, 3712}};
-    std::vector<std::string> dim_names;
-    if (!dims.empty()) { /* only these shapes (named NxK), nothing else */
-        shapes.clear();
-        dim_names.reserve(dims.size());
-        for (auto &d : dims) dim_names.push_back(std::to_string(d.first) + "x" + std::to_string(d.second));
-        for (size_t i = 0; i < dims.size(); i++) shapes.push_back({dim_names[i].c_str(), dims[i].first, dims[i].second});
-        only = "";
+    std::vector<std::string> dim_names(dims.size()); /* --dims: only these shapes (named NxK), nothing else */
+    if (!dims.empty()) shapes.clear();
+    for (size_t i = 0; i < dims.size(); i++) {
+        dim_names[i] = std::to_string(dims[i].first) + "x" + std::to_string(dims[i].second);
+        shapes.push_back({dim_names[i].c_str(), dims[i].first, dims[i].second});
     }
+    const bool named = dims.empty(); /* the named table: --shapes and --quick choose from it */
     const int bits_list[] = {2, 3, 4, 5, 6, 8};
     const int ms[] = {1, 8};
     int reps = quick ? 5 : 20;
 
     for (const Shape &s : shapes) {
-        if (!dims.empty() ? false
-            : only ? !listed(only, s.name)
-                 : quick && strcmp(s.name, "lm_head") && strcmp(s.name, "square16k") && strcmp(s.name, "q_proj"))
+        if (named && (only ? !listed(only, s.name)
+                           : quick && strcmp(s.name, "lm_head") && strcmp(s.name, "square16k") && strcmp(s.name, "q_proj")))
             continue;
         double blas[2] = {cublas_us(s.n, s.k, 1, x, y), cublas_us(s.n, s.k, 8, x, y)};
         for (int bits : bits_list) {
@@ -419,7 +417,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     }
 
     /* routed experts: 128 experts stacked, fc1 1856x2688 (relu^2) then fc2 2688x1856, 6 per token */
-    if (!only || listed(only, "experts")) {
+    if (named && (!only || listed(only, "experts"))) {
         const int E = 128, inter = 1856, hid = 2688, topk = 6;
         void *h = keel_cuda_malloc((size_t)E * 8 * inter * 2);
         keel_cuda_route *items = (keel_cuda_route *)keel_cuda_malloc(E * sizeof(keel_cuda_route));
@@ -479,7 +477,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         keel_cuda_free(wts);
     }
     /* the prompt path: many rows in one launch (8-row groups as grid items) against cuBLAS bf16 */
-    if (!only || listed(only, "rows")) {
+    if (named && (!only || listed(only, "rows"))) {
         const Shape rs[] = {{"in_proj", 10304, 2688}, {"square16k", 16384, 16384}};
         void *xr = keel_cuda_malloc((size_t)256 * 16384 * 2);
         fill(xr, (size_t)256 * 16384 * 2, 5u, 2);

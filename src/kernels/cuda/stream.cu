@@ -50,11 +50,6 @@
 #else
 #define KEEL_STAGE_UNROLL _Pragma("unroll")
 #endif
-#if defined(__HIPCC__) || defined(KEEL_STREAM_ROLL_GROUPS)
-#define KEEL_GROUP_UNROLL _Pragma("unroll 1")
-#else
-#define KEEL_GROUP_UNROLL _Pragma("unroll")
-#endif
 
 namespace {
 
@@ -393,7 +388,7 @@ __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *r
                                            const float2 *sa, const float2 *sb, int epi, float acc[4]) {
     using G = Geo<B>;
     (void)epi;
-    KEEL_GROUP_UNROLL
+    KEEL_STAGE_UNROLL
     for (int gs = 0; gs < G::NBC / BPG; gs++) {
         float S[4] = {0.f, 0.f, 0.f, 0.f};
         KEEL_STAGE_UNROLL
