@@ -1,5 +1,5 @@
 """keel bench decode refuses bad options with a message naming the option, before touching a model or a device:
---context below --prompt-tokens, the CUDA engine's options (--context, --graphs, --pdl, --prefetch, --split-target, --split-long,
+--context below --prompt-tokens, the CUDA engine's options (--context, --graphs, --pdl, --pdl-engine, --prefetch, --split-target, --split-long,
 --side, --fused-router, --fused-mamba) on the CPU backend, values that are not numbers, on/off (on/off/low), or in range."""
 import os
 import subprocess
@@ -31,8 +31,8 @@ def main():
     expect(["--context", "0"], "--context '0': expected 1..16777216")
     expect(["--graphs", "maybe"], "--graphs 'maybe': expected on or off")
     expect(["--graphs"], "--graphs '': expected on or off")
-    cuda_only = ("--context, --graphs, --pdl, --prefetch, --split-target, --split-long, --split-round, --side, "
-                 "--fused-router, --fused-mamba and --route-window are CUDA engine options")
+    cuda_only = ("--context, --graphs, --pdl, --pdl-engine, --prefetch, --split-target, --split-long, --split-round, "
+                 "--side, --fused-router, --fused-mamba and --route-window are CUDA engine options")
     expect(["--context", "100", "--backend", "cpu"], cuda_only)
     expect(["--graphs", "off", "--backend", "cpu"], cuda_only)
     expect(["--pdl", "off", "--backend", "cpu"], cuda_only)
@@ -41,6 +41,8 @@ def main():
     expect(["--split-long", "half"], "--split-long 'half': expected on or off")
     expect(["--prefetch", "4", "--backend", "cpu"], cuda_only)
     expect(["--pdl", "sometimes"], "--pdl 'sometimes': expected on or off")
+    expect(["--pdl-engine", "off", "--backend", "cpu"], cuda_only)
+    expect(["--pdl-engine", "half"], "--pdl-engine 'half': expected on or off")
     expect(["--split-target", "0"], "--split-target '0': expected 1..64")
     expect(["--split-target", "65"], "--split-target '65': expected 1..64")
     expect(["--prefetch", "-1"], "--prefetch '-1': expected 0..64 stages")

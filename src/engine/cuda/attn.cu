@@ -165,6 +165,7 @@ __device__ __forceinline__ int next_tile(int c, int t, int cstep, int cmax, int 
 template <int PT>
 __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
     extern __shared__ float4 smem4[];
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     float *sm = (float *)smem4;
     float *Kb = sm;
     float *Vb = a.alias ? Kb : Kb + kTile * a.KS;
@@ -461,7 +462,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
  * partials loaded before the batch's merges. */
 __global__ void __launch_bounds__(kSeg) attn_combine_kernel(AP a) {
     __shared__ float smx[kSeg], sa[kSeg], sb[kSeg], wmx[kSeg / 32];
-    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     const int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
     const int pp = min(max(*a.d_pos + r, 0), a.ctx - 1), nc = pp / kChunk + 1;
     const long long base = ((long long)r * a.nh + h) * a.NC;
@@ -525,6 +526,7 @@ struct DVec {
 /* Cache rows *d_pos + r = k (resp. v) row r [+ bias], r < m. */
 __global__ void kv_append_kernel(const float *k, const float *v, DVec kb, DVec vb, float *kc, float *vc, int kvd,
                                  const int *d_pos, int m) {
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, n = (long long)m * kvd;
     if (i >= n) return;
     const long long r = i / kvd, c = i - r * kvd, dst = ((long long)*d_pos + r) * kvd + c;
@@ -570,7 +572,7 @@ template <int PT> void launch_tiles(const AP &a, dim3 grid, size_t bytes, cudaSt
 #endif
         attr_set = true;
     }
-    attn_tile_kernel<PT><<<grid, kThreads, bytes, st>>>(a);
+    KP_LAUNCH(keel_ecu_pdl_on(), (attn_tile_kernel<PT>), grid, dim3(kThreads), bytes, st, a);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -592,7 +594,8 @@ extern "C" void KEEL_ATTN_FN(kv_append)(const float *k, const float *v, const ke
     const DVec kd = {kb ? kb->p : nullptr, kb ? (int)kb->dt : 0, kb ? kb->n : 0};
     const DVec vd = {vb ? vb->p : nullptr, vb ? (int)vb->dt : 0, vb ? vb->n : 0};
     const long long n = (long long)m * kvd;
-    kv_append_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)st>>>(k, v, kd, vd, kc, vc, kvd, d_pos, m);
+    KP_LAUNCH(keel_ecu_pdl_on(), kv_append_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, st, k, v, kd, vd,
+              kc, vc, kvd, d_pos, m);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -631,7 +634,7 @@ extern "C" void KEEL_ATTN_FN(attn)(const float *q, const keel_ecu_vec *qb, const
     else if (l.PT == 2) launch_tiles<2>(a, grid, l.bytes, s);
     else launch_tiles<4>(a, grid, l.bytes, s);
     if (!a.walk) {
-        attn_combine_kernel<<<dim3((unsigned)nh, (unsigned)m), kSeg, 0, s>>>(a);
+        KP_LAUNCH(keel_ecu_pdl_on(), attn_combine_kernel, dim3((unsigned)nh, (unsigned)m), dim3(kSeg), 0, s, a);
         KEEL_CUDA_CHECK_LAUNCH();
     }
 }

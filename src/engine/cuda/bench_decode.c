@@ -8,19 +8,22 @@
 #include "../engine.h"
 #ifdef KEEL_HAVE_CUDA
 #include "../../kernels/cuda/cuda.h"
+#include "ecuda.h"
 #endif
 
 static const char *const USAGE =
     "usage: keel bench decode MODEL_DIR [--prompt-tokens P] [--tokens N] [--context C] [--backend cpu|cuda]\n"
-    "                         [--activations bf16|f32] [--graphs on|off] [--pdl on|off] [--prefetch S]\n"
-    "                         [--split-target Q] [--split-long on|off] [--split-round up|down] [--side on|off|low]\n"
-    "                         [--fused-router on|off] [--fused-mamba on|off] [--route-window on|off]\n"
+    "                         [--activations bf16|f32] [--graphs on|off] [--pdl on|off] [--pdl-engine on|off]\n"
+    "                         [--prefetch S] [--split-target Q] [--split-long on|off] [--split-round up|down]\n"
+    "                         [--side on|off|low] [--fused-router on|off] [--fused-mamba on|off]\n"
+    "                         [--route-window on|off]\n"
     "  runs a P-token prompt (default 512) then N greedy decode steps (default 128) and reports prompt and decode\n"
     "  tokens/s. On cuda also: the bandwidth floor (bytes one step reads over the read bandwidth measured in the same\n"
     "  run) and its ratio to the measured time, and the time per token by kernel family (CUDA events, a second pass\n"
     "  launch by launch). --context C (cuda) starts decoding at context C: the prompt sits at C - P after C - P\n"
     "  positions of zero keys and values. --graphs off decodes launch by launch instead of replaying a CUDA graph.\n"
     "  --pdl off launches the stream tiles after the previous kernel ends instead of as programmatic dependents;\n"
+    "  --pdl-engine off does so for the engine's other kernels only (norms, router, Mamba, attention; default on);\n"
     "  --prefetch S sets the tiles' L2 prefetch chunk in stages (default 0: none); --split-target Q splits k so that\n"
     "  a matrix gives about Q/4 blocks an SM (default 4); --split-long on halves long slices of matrices with enough\n"
     "  row tiles where both halves fit the SMs at once (default off); --split-round down rounds the split's slice\n"
@@ -69,7 +72,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
     int P = 512, N = 128, backend = -1, C = 0;
     bool f32 = false, graphs = true;
     /* the stream tiles' levers; -1: not given, the library's default */
-    int pdl = -1, prefetch = -1, split_q = -1, split_long = -1, split_down = -1;
+    int pdl = -1, pdl_engine = -1, prefetch = -1, split_q = -1, split_long = -1, split_down = -1;
     int side = -1; /* the engine's second stream: 0 off, 1 on, 2 low priority; -1: not given, the engine's default */
     int fused_router = -1, fused_mamba = -1, route_window = -1; /* -1: not given, the engine's default */
     for (int i = 1; i < argc; i++) {
@@ -94,6 +97,8 @@ int keel_engine_bench_decode(int argc, char **argv) {
             graphs = on;
         } else if (!strcmp(o, "--pdl")) {
             if (!parse_onoff(v, &pdl)) return fail("--pdl '%s': expected on or off%s", v ? v : "", "");
+        } else if (!strcmp(o, "--pdl-engine")) {
+            if (!parse_onoff(v, &pdl_engine)) return fail("--pdl-engine '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--prefetch")) {
             if (!parse_count(v, 0, 64, &prefetch)) return fail("--prefetch '%s': expected 0..64 stages%s", v ? v : "", "");
         } else if (!strcmp(o, "--split-round")) {
@@ -133,10 +138,12 @@ int keel_engine_bench_decode(int argc, char **argv) {
     backend = KEEL_BACKEND_CPU;
 #endif
     if (f32 && backend == KEEL_BACKEND_CPU) return fail("--activations f32 is a CUDA engine option%s%s", "", "");
-    if ((C || !graphs || pdl >= 0 || prefetch >= 0 || split_q >= 0 || split_long >= 0 || split_down >= 0 ||
-         side >= 0 || fused_router >= 0 || fused_mamba >= 0 || route_window >= 0) && backend == KEEL_BACKEND_CPU)
-        return fail("--context, --graphs, --pdl, --prefetch, --split-target, --split-long, --split-round, --side, "
-                    "--fused-router, --fused-mamba and --route-window are CUDA engine options%s%s", "", "");
+    if ((C || !graphs || pdl >= 0 || pdl_engine >= 0 || prefetch >= 0 || split_q >= 0 || split_long >= 0 ||
+         split_down >= 0 || side >= 0 || fused_router >= 0 || fused_mamba >= 0 || route_window >= 0) &&
+        backend == KEEL_BACKEND_CPU)
+        return fail("--context, --graphs, --pdl, --pdl-engine, --prefetch, --split-target, --split-long, "
+                    "--split-round, --side, --fused-router, --fused-mamba and --route-window are CUDA engine "
+                    "options%s%s", "", "");
     if (C && C < P) return fail("--context must be at least --prompt-tokens%s%s", "", "");
     const int start = C ? C - P : 0;
     keel_model m;
@@ -174,6 +181,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
         keel_cuda_device_name(dev, sizeof dev);
         read_gbs = keel_cuda_read_gbs();
         if (pdl < 0) pdl = KEEL_CUDA_STREAM_PDL_DEFAULT;
+        if (pdl_engine < 0) pdl_engine = 1;
         if (prefetch < 0) prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT;
         if (split_q < 0) split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
         if (split_long < 0) split_long = KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT;
@@ -185,6 +193,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
         keel_cuda_stream_split_long(split_long);
         keel_cuda_stream_split_round(split_down);
         keel_cuda_stream_pdl(pdl);
+        keel_ecu_set_pdl(pdl_engine);
         keel_cuda_stream_prefetch(prefetch);
         keel_cuda_stream_split_target(split_q);
         if (keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK ||
@@ -219,9 +228,11 @@ int keel_engine_bench_decode(int argc, char **argv) {
                start + P + res.n_gen);
 #ifdef KEEL_HAVE_CUDA
         if (backend == KEEL_BACKEND_CUDA)
-            printf("stream tiles: programmatic dependent launch %s, L2 prefetch chunk %d stages, k-split target %d/4 "
-                   "blocks an SM%s, long slices halved %s; second stream %s; router in %s; Mamba step in %s\n",
-                   pdl ? "on" : "off", prefetch, split_q, split_down ? " (at most)" : "", split_long ? "on" : "off",
+            printf("stream tiles: programmatic dependent launch %s (the engine's kernels %s), L2 prefetch chunk %d "
+                   "stages, k-split target %d/4 blocks an SM%s, long slices halved %s; second stream %s; router in %s; "
+                   "Mamba step in %s\n",
+                   pdl ? "on" : "off", pdl && pdl_engine ? "too" : "not", prefetch, split_q,
+                   split_down ? " (at most)" : "", split_long ? "on" : "off",
                    side == 0 ? "off" : side == 2 ? "on (lowest priority)" : "on",
                    fused_router ? "one launch" : route_window ? "two launches (top-k with the unions)" : "three launches",
                    fused_mamba ? "one launch" : "three launches");

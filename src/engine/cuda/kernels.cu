@@ -96,6 +96,7 @@ QW qw(const keel_cuda_qw *W) {
 }
 
 __global__ void embed_kernel(QW t, const int *tok, int m, float *x) {
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)m * t.k) return;
     int r = (int)(i / t.k), c = (int)(i % t.k);
@@ -125,7 +126,7 @@ __device__ void norm_row(const float *xr, DVec w, int n, float eps, float *yf, u
 
 __global__ void rmsnorm_kernel(const float *x, int ldx, DVec w, int n, float eps, float *yf, uint16_t *yb, int ldy) {
     __shared__ float buf[kNormThreads];
-    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     const long long r = blockIdx.x;
     norm_row(x + r * ldx, w, n, eps, yf ? yf + r * ldy : nullptr, yb ? yb + r * ldy : nullptr, buf);
     if (PLANTED(KEEL_ECU_PLANT_PASTEND) && threadIdx.x == 0 && r == gridDim.x - 1 && yf) yf[r * ldy + n] = 0.0f;
@@ -199,6 +200,7 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ x, const float *__restric
 }
 
 __global__ void add_bias_kernel(float *y, int m, int n, int ld, DVec b) {
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)m * n) return;
     long long r = i / n, c = i % n;
@@ -272,7 +274,9 @@ __device__ __forceinline__ float units_dot(const uint32_t *rw, long long go, con
     return acc;
 }
 
-/* One output of the fp32 matvec per warp (warp = item * n + output). */
+/* One output of the fp32 matvec per warp (warp = item * n + output). BATCH: a float matrix's loads go out in batches
+ * (the fused router, whose surrounding code otherwise leaves them one round trip each); the same bits either way. */
+template <bool BATCH>
 __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const void *x, int x_bf16, int m, void *y,
                                             int y_bf16, int epi, int warp, int lane) {
     const int items = R.sel ? m * R.K : m;
@@ -282,11 +286,30 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
     const long long ex = R.sel ? R.sel[it] : 0;
     const long long xo = (long long)xr * W.k;
     float acc = 0.0f;
-    if (W.bits == 0) {
+    if (W.bits == 0 && !BATCH) {
         for (int c = lane; c < W.k; c += 32) {
             float xv = x_bf16 ? kp_bf16_to_f32(((const uint16_t *)x)[xo + c]) : ((const float *)x)[xo + c];
             acc = __fadd_rn(acc, __fmul_rn(xv, ld_dt(W.w, W.sdt, ex * R.es + (long long)o * W.k + c)));
         }
+    } else if (W.bits == 0) { /* the same sums in the same order, kBatch elements loaded before any is added */
+        constexpr int kBatch = 8;
+        const long long wo = ex * R.es + (long long)o * W.k;
+        for (int c0 = lane; c0 < W.k; c0 += 32 * kBatch) {
+            float xv[kBatch], wv[kBatch];
+#pragma unroll
+            for (int j = 0; j < kBatch; j++) {
+                const int c = c0 + 32 * j;
+                xv[j] = c >= W.k ? 0.0f
+                        : x_bf16 ? kp_bf16_to_f32(((const uint16_t *)x)[xo + c])
+                                 : ((const float *)x)[xo + c];
+                wv[j] = c < W.k ? ld_dt(W.w, W.sdt, wo + c) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < kBatch; j++)
+                if (c0 + 32 * j < W.k) acc = __fadd_rn(acc, __fmul_rn(xv[j], wv[j]));
+        }
+    }
+    if (W.bits == 0) {
         acc = warp_sum(acc);
         if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && m > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-22f);
     } else { /* lane l takes the 32-code units l, l+32, ...; each unit is `bits` whole words */
@@ -312,12 +335,14 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
 }
 
 __global__ void matvec_kernel(QW W, Route R, const void *x, int x_bf16, int m, void *y, int y_bf16, int epi) {
-    matvec_warp(W, R, x, x_bf16, m, y, y_bf16, epi, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5),
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
+    matvec_warp<false>(W, R, x, x_bf16, m, y, y_bf16, epi, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5),
                 (int)(threadIdx.x & 31));
 }
 
 /* out (m, n) = sum over slots k in order of w[(r*K+k)*8] * y[(r*K+k)] (the CPU engine's slot-order sum). */
 __global__ void combine_kernel(const float *y, const float *w, int m, int K, int n, float *out) {
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)m * n) return;
     const long long r = i / n, c = i % n;
@@ -362,6 +387,7 @@ __device__ __forceinline__ void conv_channel(const float *proj, int ld, int off,
 
 __global__ void conv_kernel(const float *proj, int ld, int off, float *win, DVec cw, DVec cb, int K, int C, int m,
                             float *out) {
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
     if (c >= C) return;
     float h[kMaxConvK - 1];
@@ -416,6 +442,7 @@ __device__ __forceinline__ void ssm_run(float *s, const float *x0, const float *
 /* One warp per (head, channel p): the state row (N) lives in the lanes' registers across the m tokens. */
 __global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state, DVec dtb,
                            DVec alog, DVec Dv, int NH, int P, int N, int G, int m, float *y) {
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = (int)(threadIdx.x & 31);
     if (warp >= NH * P) return;
     const int h = warp / P, p = warp % P, DI = NH * P, grp = h / (NH / G);
@@ -450,7 +477,7 @@ __device__ __forceinline__ void gate_norm_group(const float *y, const float *pro
 __global__ void gate_norm_kernel(const float *y, const float *proj, int ld, DVec w, int G, int DI, float eps,
                                  uint16_t *out, float *outf) {
     __shared__ float buf[kNormThreads];
-    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     gate_norm_group(y, proj, ld, w, G, DI, eps, out, outf, blockIdx.x / G, blockIdx.x % G, buf);
 }
 
@@ -470,7 +497,7 @@ __global__ void mamba_step_kernel(const float *proj, int ld, float *win, DVec cw
     extern __shared__ float msm[]; /* xs (m, kMambaSlice + 2N): the conv outputs the scan reads; hs (2N, K-1) */
     __shared__ float buf[kNormThreads];
     __shared__ unsigned last;
-    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     const int S = (P + kMambaSlice - 1) / kMambaSlice, h = blockIdx.x / S, p0 = (blockIdx.x % S) * kMambaSlice;
     const int np = min(kMambaSlice, P - p0), DI = NH * P, CD = DI + 2 * G * N, grp = h / (NH / G);
     const int W = kMambaSlice + 2 * N, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
@@ -665,6 +692,7 @@ __global__ void route_kernel(const float *logits, DVec corr, int E, int K, int n
     __shared__ int chosen[64];
     __shared__ float gs[64];
     __shared__ unsigned char keep[64];
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     route_row(logits, corr, E, K, n_group, topk_group, norm_topk, scaling, items, weights, sel, blockIdx.x, threadIdx.x,
               s, b, used, chosen, gs, keep);
 }
@@ -720,7 +748,7 @@ __global__ void union_kernel(const int *sel, const float *w, int m, int K, int E
                              float *weights) {
     __shared__ int gsel[kMaxUnionSel];
     __shared__ float gw[kMaxUnionSel];
-    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     union_group(sel, w, m, K, E, cap, items, weights, blockIdx.x, threadIdx.x, gsel, gw);
 }
 
@@ -741,10 +769,11 @@ __host__ __device__ inline size_t router_scratch(int E, int K) {
 __global__ void router_kernel(QW W, const float *x, int m, float *logits, DVec corr, int K, int n_group,
                               int topk_group, int norm_topk, float scaling, keel_cuda_route *items1, float *w1,
                               int *sel, int cap, keel_cuda_route *items, float *weights, int warps) {
-    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     const int E = W.n, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const Route R = {nullptr, 1, 0, 0, 0};
-    matvec_warp(W, R, x, 0, m, logits, 0, KEEL_EPI_NONE, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane);
+    matvec_warp<true>(W, R, x, 0, m, logits, 0, KEEL_EPI_NONE, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5),
+                      lane);
     __shared__ unsigned last;
     __threadfence();
     __syncthreads();
@@ -774,7 +803,7 @@ __global__ void router_kernel(QW W, const float *x, int m, float *logits, DVec c
 __global__ void route_window_kernel(const float *logits, DVec corr, int m, int E, int K, int n_group, int topk_group,
                                     int norm_topk, float scaling, keel_cuda_route *items1, float *w1, int *sel, int cap,
                                     keel_cuda_route *items, float *weights) {
-    kp_grid_release(); /* a stream tile after this may start its weight prefetch */
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     extern __shared__ unsigned char wsm[];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, warps = (int)(blockDim.x >> 5), g = (int)blockIdx.x;
     unsigned char *mine = wsm + (size_t)wid * router_scratch(E, K);
@@ -795,6 +824,7 @@ __global__ void argmax_kernel(const float *__restrict__ v, int n, int *out) {
     constexpr int kBatch = 16; /* loads in flight a thread; each thread still walks its indices in ascending order */
     __shared__ float bv[kArgThreads];
     __shared__ int bi[kArgThreads];
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     float best = 0.0f;
     int id = -1;
     for (int base = threadIdx.x; base < n; base += blockDim.x * kBatch) {
@@ -837,13 +867,14 @@ unsigned blocks_for(long long n, int threads) { return (unsigned)((n + threads -
 
 extern "C" void KEEL_ECU_FN(embed)(const keel_cuda_qw *t, const int *tok, int m, float *x, void *st) {
     long long total = (long long)m * t->k;
-    embed_kernel<<<blocks_for(total, 256), 256, 0, (cudaStream_t)st>>>(qw(t), tok, m, x);
+    KP_LAUNCH(keel_ecu_pdl_on(), embed_kernel, dim3(blocks_for(total, 256)), dim3(256), 0, st, qw(t), tok, m, x);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void KEEL_ECU_FN(rmsnorm)(const float *x, int ldx, const keel_ecu_vec *w, int m, int n, float eps, float *yf,
                                  uint16_t *yb, int ldy, void *st) {
-    rmsnorm_kernel<<<(unsigned)m, kNormThreads, 0, (cudaStream_t)st>>>(x, ldx, dv(w), n, eps, yf, yb, ldy);
+    KP_LAUNCH(keel_ecu_pdl_on(), rmsnorm_kernel, dim3((unsigned)m), dim3(kNormThreads), 0, st, x, ldx, dv(w), n, eps,
+              yf, yb, ldy);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -851,14 +882,15 @@ extern "C" void KEEL_ECU_FN(add_rmsnorm)(float *x, const float *a, const float *
                                      const keel_ecu_vec *w, int m, int n, float eps, float *yf, uint16_t *yb,
                                      void *st) {
     /* a programmatic dependent: the norm's weights load while the previous kernel finishes */
-    KP_LAUNCH(keel_cuda_stream_pdl_active(), add_rmsnorm_kernel, dim3((unsigned)m), dim3(kNormThreads), 0, st, x, a, b,
-              dv(bias), dv(w), n, eps, yf, yb);
+    KP_LAUNCH(keel_ecu_pdl_on(), add_rmsnorm_kernel, dim3((unsigned)m), dim3(kNormThreads), 0, st, x, a, b, dv(bias),
+              dv(w), n, eps, yf, yb);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void KEEL_ECU_FN(add_bias)(float *y, int m, int n, int ld, const keel_ecu_vec *b, void *st) {
     if (!b || !b->n) return;
-    add_bias_kernel<<<blocks_for((long long)m * n, 256), 256, 0, (cudaStream_t)st>>>(y, m, n, ld, dv(b));
+    KP_LAUNCH(keel_ecu_pdl_on(), add_bias_kernel, dim3(blocks_for((long long)m * n, 256)), dim3(256), 0, st, y, m, n,
+              ld, dv(b));
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -868,6 +900,7 @@ extern "C" void KEEL_ECU_FN(matvec)(const keel_cuda_qw *W, const void *x, keel_d
     KEEL_ASSERT(ydt == KEEL_DT_F32 || ydt == KEEL_DT_BF16);
     long long threads = (long long)m * W->n * 32;
     Route R = {nullptr, 1, 0, 0, 0};
+    /* a plain launch, not a programmatic dependent: that measured slower for the router (docs/performance.md) */
     matvec_kernel<<<blocks_for(threads, 256), 256, 0, (cudaStream_t)st>>>(qw(W), R, x, xdt == KEEL_DT_BF16, m, y,
                                                                           ydt == KEEL_DT_BF16, (int)epi);
     KEEL_CUDA_CHECK_LAUNCH();
@@ -883,14 +916,16 @@ extern "C" void KEEL_ECU_FN(matvec_routed)(const keel_cuda_qw *W, const float *x
 }
 
 extern "C" void KEEL_ECU_FN(combine)(const float *y, const float *w, int m, int K, int n, float *out, void *st) {
-    combine_kernel<<<blocks_for((long long)m * n, 256), 256, 0, (cudaStream_t)st>>>(y, w, m, K, n, out);
+    KP_LAUNCH(keel_ecu_pdl_on(), combine_kernel, dim3(blocks_for((long long)m * n, 256)), dim3(256), 0, st, y, w, m, K,
+              n, out);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void KEEL_ECU_FN(conv)(const float *proj, int ld, int off, float *win, const keel_ecu_vec *cw,
                               const keel_ecu_vec *cb, int K, int C, int m, float *out, void *st) {
     KEEL_ASSERTF(K >= 1 && K <= kMaxConvK, "conv kernel %d (1..%d)", K, kMaxConvK);
-    conv_kernel<<<blocks_for(C, 128), 128, 0, (cudaStream_t)st>>>(proj, ld, off, win, dv(cw), dv(cb), K, C, m, out);
+    KP_LAUNCH(keel_ecu_pdl_on(), conv_kernel, dim3(blocks_for(C, 128)), dim3(128), 0, st, proj, ld, off, win, dv(cw),
+              dv(cb), K, C, m, out);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -898,15 +933,15 @@ extern "C" void KEEL_ECU_FN(ssm)(const float *xbc, int CD, const float *proj, in
                              const keel_ecu_vec *dt_bias, const keel_ecu_vec *A_log, const keel_ecu_vec *D, int NH,
                              int P, int N, int G, int m, float *y, void *st) {
     KEEL_ASSERTF(N >= 1 && N <= 32 * kMaxStatePerLane, "ssm state %d (1..%d)", N, 32 * kMaxStatePerLane);
-    ssm_kernel<<<blocks_for((long long)NH * P * 32, 128), 128, 0, (cudaStream_t)st>>>(
-        xbc, CD, proj, ld, dt_off, state, dv(dt_bias), dv(A_log), dv(D), NH, P, N, G, m, y);
+    KP_LAUNCH(keel_ecu_pdl_on(), ssm_kernel, dim3(blocks_for((long long)NH * P * 32, 128)), dim3(128), 0, st, xbc, CD,
+              proj, ld, dt_off, state, dv(dt_bias), dv(A_log), dv(D), NH, P, N, G, m, y);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void KEEL_ECU_FN(gate_norm)(const float *y, const float *proj, int ld, const keel_ecu_vec *w, int G, int DI,
                                    float eps, int m, uint16_t *out, float *outf, void *st) {
-    gate_norm_kernel<<<(unsigned)(m * G), kNormThreads, 0, (cudaStream_t)st>>>(y, proj, ld, dv(w), G, DI, eps, out,
-                                                                                 outf);
+    KP_LAUNCH(keel_ecu_pdl_on(), gate_norm_kernel, dim3((unsigned)(m * G)), dim3(kNormThreads), 0, st, y, proj, ld,
+              dv(w), G, DI, eps, out, outf);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -920,9 +955,9 @@ extern "C" void KEEL_ECU_FN(mamba_step)(const float *proj, int ld, float *win, c
     const size_t smem = ((size_t)m * (size_t)(kMambaSlice + 2 * N) + (size_t)2 * N * (size_t)(K - 1)) * sizeof(float);
     KEEL_ASSERTF(smem <= 48 * 1024, "mamba step: %zu bytes of shared memory", smem);
     const long long blocks = (long long)NH * ((P + kMambaSlice - 1) / kMambaSlice);
-    mamba_step_kernel<<<(unsigned)blocks, kNormThreads, smem, (cudaStream_t)st>>>(
-        proj, ld, win, dv(cw), dv(cb), K, state, dv(dt_bias), dv(A_log), dv(D), NH, P, N, G, m, dv(norm), eps, xbc, y,
-        cnt, out, outf);
+    KP_LAUNCH(keel_ecu_pdl_on(), mamba_step_kernel, dim3((unsigned)blocks), dim3(kNormThreads), smem, st, proj, ld, win,
+              dv(cw), dv(cb), K, state, dv(dt_bias), dv(A_log), dv(D), NH, P, N, G, m, dv(norm), eps, xbc, y, cnt, out,
+              outf);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -930,15 +965,16 @@ extern "C" void KEEL_ECU_FN(route)(const float *logits, const keel_ecu_vec *corr
                                int topk_group, bool norm_topk, float scaling, int m, keel_cuda_route *items,
                                float *weights, int *sel, void *st) {
     KEEL_ASSERTF(E >= 1 && E <= kMaxExperts && K >= 1 && K <= 64 && K <= E && n_group <= 64, "router E %d K %d", E, K);
-    route_kernel<<<(unsigned)m, 32, 0, (cudaStream_t)st>>>(logits, dv(corr), E, K, n_group, topk_group,
-                                                           norm_topk ? 1 : 0, scaling, items, weights, sel);
+    KP_LAUNCH(keel_ecu_pdl_on(), route_kernel, dim3((unsigned)m), dim3(32), 0, st, logits, dv(corr), E, K, n_group,
+              topk_group, norm_topk ? 1 : 0, scaling, items, weights, sel);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void KEEL_ECU_FN(route_union)(const int *sel, const float *w, int m, int K, int E, int cap,
                                          keel_cuda_route *items, float *weights, void *st) {
     KEEL_ASSERTF(m >= 1 && K >= 1 && K <= 64 && E >= K && cap >= 1, "route union m %d K %d E %d cap %d", m, K, E, cap);
-    union_kernel<<<(unsigned)((m + 7) / 8), 32, 0, (cudaStream_t)st>>>(sel, w, m, K, E, cap, items, weights);
+    KP_LAUNCH(keel_ecu_pdl_on(), union_kernel, dim3((unsigned)((m + 7) / 8)), dim3(32), 0, st, sel, w, m, K, E, cap,
+              items, weights);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -951,8 +987,9 @@ extern "C" void KEEL_ECU_FN(route_window)(const float *logits, const keel_ecu_ve
     const size_t per = router_scratch(E, K);
     const int warps = (int)KEEL_MIN(KEEL_MIN((size_t)8, (size_t)m), (size_t)(40 * 1024) / per);
     KEEL_ASSERTF(warps >= 1, "route window scratch %zu bytes a warp", per);
-    route_window_kernel<<<(unsigned)((m + 7) / 8), (unsigned)(32 * warps), per * (size_t)warps, (cudaStream_t)st>>>(
-        logits, dv(corr), m, E, K, n_group, topk_group, norm_topk ? 1 : 0, scaling, items1, w1, sel, cap, items, weights);
+    KP_LAUNCH(keel_ecu_pdl_on(), route_window_kernel, dim3((unsigned)((m + 7) / 8)), dim3((unsigned)(32 * warps)),
+              per * (size_t)warps, st, logits, dv(corr), m, E, K, n_group, topk_group, norm_topk ? 1 : 0, scaling,
+              items1, w1, sel, cap, items, weights);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -967,14 +1004,14 @@ extern "C" void KEEL_ECU_FN(router)(const keel_cuda_qw *W, const float *x, int m
     const int warps = (int)KEEL_MIN((size_t)(kRouterThreads / 32), (size_t)(40 * 1024) / per);
     KEEL_ASSERTF(warps >= 1, "router scratch %zu bytes a warp", per);
     const long long threads = (long long)m * E * 32;
-    router_kernel<<<blocks_for(threads, kRouterThreads), kRouterThreads, per * (size_t)warps, (cudaStream_t)st>>>(
-        qw(W), x, m, logits, dv(corr), K, n_group, topk_group, norm_topk ? 1 : 0, scaling, items1, w1, sel, cap, items,
-        weights, warps);
+    KP_LAUNCH(keel_ecu_pdl_on(), router_kernel, dim3(blocks_for(threads, kRouterThreads)), dim3(kRouterThreads),
+              per * (size_t)warps, st, qw(W), x, m, logits, dv(corr), K, n_group, topk_group, norm_topk ? 1 : 0,
+              scaling, items1, w1, sel, cap, items, weights, warps);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void KEEL_ECU_FN(argmax)(const float *v, int n, int *out, void *st) {
-    argmax_kernel<<<1, kArgThreads, 0, (cudaStream_t)st>>>(v, n, out);
+    KP_LAUNCH(keel_ecu_pdl_on(), argmax_kernel, dim3(1), dim3(kArgThreads), 0, st, v, n, out);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -991,7 +1028,7 @@ extern "C" const void *keel_ecu_kernel_fn(const char *symbol) {
         {"add_rmsnorm_kernel", (const void *)add_rmsnorm_kernel}, {"add_bias_kernel", (const void *)add_bias_kernel},
         {"matvec_kernel", (const void *)matvec_kernel},       {"combine_kernel", (const void *)combine_kernel},
         {"conv_kernel", (const void *)conv_kernel},           {"ssm_kernel", (const void *)ssm_kernel},
-        {"gate_norm_kernel", (const void *)gate_norm_kernel}, 
+        {"gate_norm_kernel", (const void *)gate_norm_kernel},
         {"route_kernel", (const void *)route_kernel},         {"argmax_kernel", (const void *)argmax_kernel},
         {"union_kernel", (const void *)union_kernel},         {"router_kernel", (const void *)router_kernel},
         {"mamba_step_kernel", (const void *)mamba_step_kernel}, {"route_window_kernel", (const void *)route_window_kernel},

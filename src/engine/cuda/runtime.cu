@@ -19,6 +19,10 @@
 #define cudaGraphExecDestroy hipGraphExecDestroy
 #endif
 
+static int g_ecu_pdl = 1;
+extern "C" void keel_ecu_set_pdl(int on) { g_ecu_pdl = on != 0; }
+extern "C" bool keel_ecu_pdl_on(void) { return g_ecu_pdl && keel_cuda_stream_pdl_active(); }
+
 extern "C" bool keel_ecu_malloc(void **p, size_t bytes, char *why, size_t cap) {
     *p = nullptr;
     cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);

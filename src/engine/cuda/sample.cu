@@ -208,6 +208,7 @@ __global__ void __launch_bounds__(kSampThreads) sample_kernel(const float *logit
                                                                const int *d_pos, int *out, uint64_t *la, uint64_t *lb,
                                                                uint32_t *h0c, unsigned long long *h0s) {
     __shared__ SampShared sh;
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     const int tid = (int)threadIdx.x, lane = tid & 31, wid = tid >> 5;
     if (tid < 64) sh.t1[tid] = keel_samp_t1[tid], sh.t2[tid] = keel_samp_t2[tid];
     if (tid == 0) sh.nvalid = 0, sh.npos = 0, sh.nthr = 0, sh.wall = 0, sh.top_id = 0xffffffffu;
@@ -305,8 +306,8 @@ extern "C" void KEEL_SCN_FN(sample)(const float *logits, int V, float temp, int 
     uint64_t *la = (uint64_t *)p, *lb = la + V;
     unsigned long long *h0s = (unsigned long long *)(lb + V);
     uint32_t *h0c = (uint32_t *)(h0s + kSampBuckets);
-    sample_kernel<<<1, kSampThreads, 0, (cudaStream_t)st>>>(logits, V, temp, top_k, top_p, min_p,
-                                                            (unsigned long long)seed, d_pos, out_tok, la, lb, h0c, h0s);
+    KP_LAUNCH(keel_ecu_pdl_on(), sample_kernel, dim3(1), dim3(kSampThreads), 0, st, logits, V, temp, top_k, top_p,
+              min_p, (unsigned long long)seed, d_pos, out_tok, la, lb, h0c, h0s);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 

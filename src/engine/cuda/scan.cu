@@ -63,6 +63,7 @@ __global__ void __launch_bounds__(kScanThreads) ssm_chunk_kernel(const float *xb
     __shared__ float M[kChunk * kMRow]; /* decay, then (C_t . B_s) decay dt_s */
     __shared__ float xs[kChunk * kPT], ys[kChunk * kPT];
     __shared__ float dts[kChunk], adt[kChunk], dec0[kChunk], decS[kChunk];
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     const int h = (int)blockIdx.x, p0 = (int)blockIdx.y * kPT, tid = (int)threadIdx.x;
     const int pi = tid / kNQ, nq = tid % kNQ, p = p0 + pi;
     const bool pin = p < P;
@@ -170,8 +171,8 @@ extern "C" void KEEL_SCN_FN(ssm_chunked)(const float *xbc, int CD, const float *
     KEEL_ASSERTF(NH >= 1 && P >= 1 && G >= 1 && NH % G == 0, "chunked ssm heads %d, groups %d", NH, G);
     if (m <= 0) return;
     dim3 grid((unsigned)NH, (unsigned)((P + kPT - 1) / kPT));
-    ssm_chunk_kernel<<<grid, kScanThreads, 0, (cudaStream_t)st>>>(xbc, CD, proj, ld, dt_off, state, sv(dt_bias),
-                                                                    sv(A_log), sv(D), NH, P, N, G, m, y);
+    KP_LAUNCH(keel_ecu_pdl_on(), ssm_chunk_kernel, grid, dim3(kScanThreads), 0, st, xbc, CD, proj, ld, dt_off, state,
+              sv(dt_bias), sv(A_log), sv(D), NH, P, N, G, m, y);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 

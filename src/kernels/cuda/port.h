@@ -331,6 +331,14 @@ static __device__ __forceinline__ void kp_grid_release(void) {
     asm volatile("griddepcontrol.launch_dependents;\n" :::);
 #endif
 }
+/* The start of a kernel launched as a programmatic dependent that reads its inputs at once: wait for the previous
+ * grid (before any read of an earlier kernel's output and before any write), then release the next one. Released
+ * after the wait, a dependent launches only once this kernel runs: launches overlap one deep, never in a cascade of
+ * waiting grids. */
+static __device__ __forceinline__ void kp_grid_enter(void) {
+    kp_grid_wait();
+    kp_grid_release();
+}
 /* A load that skips L1 (data other blocks of the same launch wrote, after their fence). */
 static __device__ __forceinline__ float kp_ldcg_f32(const float *p) {
 #if defined(__HIPCC__)

@@ -21,6 +21,7 @@
 
 #ifdef KEEL_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
+#include "engine/cuda/ecuda.h"
 
 typedef tk_ref fx;
 
@@ -208,9 +209,10 @@ static void test_graphs_same_tokens(void **state) {
     keel_cuda_engine_free(e);
 }
 
-/* The second stream changes scheduling only, and the fused router, the route window and the fused Mamba step give
+/* The second stream and programmatic dependent launch change scheduling only, and the fused router, the route window and the fused Mamba step give
  * the bits of the launches they replace: logits of windows and prompt chunks, MTP logits and graph-replayed greedy
- * tokens are bit-identical with the second stream off, on and at low priority, and with each fusion off. */
+ * tokens are bit-identical with the second stream off, on and at low priority, with each fusion off and with dependent launch off
+ * (the engine's kernels, then the tiles too). */
 static void test_scheduling_same_bits(void **state) {
     fx *f = *state;
     const keel_config *c = &f->model.cfg;
@@ -219,9 +221,11 @@ static void test_scheduling_same_bits(void **state) {
     keel_err err = {0};
     assert_int_equal(keel_cuda_engine_init(&e, &f->model, 128, &err), KEEL_OK);
     const size_t nl = (size_t)n * V;
-    enum { NCFG = 6 };
-    static const int cfg[NCFG][4] = {{0, 0, 0, 0}, {1, 1, 1, 1}, {2, 1, 1, 1}, {1, 0, 1, 1}, {1, 1, 0, 1}, {1, 0, 0, 1}};
-    /* side, fused router, fused Mamba step, route window (top-k and unions in one launch) */
+    enum { NCFG = 8 };
+    static const int cfg[NCFG][6] = {{0, 0, 0, 0, 1, 1}, {1, 1, 1, 1, 1, 1}, {2, 1, 1, 1, 1, 1}, {1, 0, 1, 1, 1, 1},
+                                     {1, 1, 0, 1, 1, 1}, {1, 0, 0, 1, 1, 1}, {1, 0, 0, 1, 0, 1}, {1, 0, 0, 1, 0, 0}};
+    /* side, fused router, fused Mamba step, route window (top-k and unions in one launch), the engine kernels' and
+     * the stream tiles' programmatic dependent launch */
     float *logits[NCFG], *mtp[NCFG], *h = malloc((size_t)n * H * sizeof(float));
     collect toks[NCFG];
     memset(toks, 0, sizeof toks);
@@ -233,6 +237,8 @@ static void test_scheduling_same_bits(void **state) {
         keel_cuda_engine_set_fused_router(e, cfg[mode][1]);
         keel_cuda_engine_set_fused_mamba(e, cfg[mode][2]);
         keel_cuda_engine_set_route_window(e, cfg[mode][3]);
+        keel_ecu_set_pdl(cfg[mode][4]);
+        keel_cuda_stream_pdl(cfg[mode][5]);
         for (int w = 0; w < 2; w++) { /* exact 8-row windows, then 64-row prompt chunks */
             keel_cuda_engine_reset(e);
             keel_cuda_engine_set_window(e, w ? 64 : 8);
@@ -241,17 +247,20 @@ static void test_scheduling_same_bits(void **state) {
         }
         assert_int_equal(keel_cuda_engine_mtp(e, h, f->tokens + 1, n - 1, mtp[mode], NULL, &err), KEEL_OK);
         keel_gen_result r;
+        keel_cuda_engine_set_graphs(e, false); /* a new capture: the launch knobs are global, not the engine's */
         keel_cuda_engine_set_graphs(e, true);
         assert_int_equal(keel_cuda_generate(e, f->tokens, f->prompt_len, &o, on_token, &toks[mode], &r, &err), KEEL_OK);
         assert_int_equal(toks[mode].n, 32);
     }
+    keel_ecu_set_pdl(1);
+    keel_cuda_stream_pdl(KEEL_CUDA_STREAM_PDL_DEFAULT);
     for (int mode = 1; mode < NCFG; mode++) {
         assert_memory_equal(logits[mode], logits[0], nl * 2 * sizeof(float));
         assert_memory_equal(mtp[mode], mtp[0], (size_t)(n - 1) * V * sizeof(float));
         assert_memory_equal(toks[mode].ids, toks[0].ids, sizeof toks[0].ids);
     }
-    print_message("second stream off, on and at low priority, fused router, route window and Mamba step on and off: "
-                  "logits (8-row windows, 64-row chunks), MTP logits and 32 graph-replayed greedy tokens "
+    print_message("second stream off, on and at low priority, fused router, route window, Mamba step and dependent "
+                  "launches on and off: logits (8-row windows, 64-row chunks), MTP logits and 32 graph-replayed greedy tokens "
                   "bit-identical\n");
     for (int mode = 0; mode < NCFG; mode++) free(logits[mode]), free(mtp[mode]);
     free(h);
