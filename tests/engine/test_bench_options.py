@@ -1,6 +1,7 @@
 """keel bench decode refuses bad options with a message naming the option, before touching a model or a device:
---context below --prompt-tokens, the CUDA engine's options (--context, --graphs, --pdl, --pdl-engine, --prefetch, --split-target, --split-long,
---side, --fused-router, --fused-mamba) on the CPU backend, values that are not numbers, on/off (on/off/low), or in range."""
+--context below --prompt-tokens, the CUDA engine's options (--context, --graphs, --pdl, --pdl-engine, --prefetch,
+--split-target, --split-long, --split-round, --side, --fused-router, --fused-mamba, --route-window) on the CPU
+backend, values that are not numbers, on/off (on/off/low, up/down), or in range."""
 import os
 import subprocess
 import sys

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# On the GPU machine: the engine kernels' programmatic dependent launch and the router's paths. Interleaved twice,
-# `keel bench decode` at 1k of build-l/keel_base (a build of the tree before the change, carried beside it) and
-# build-l/keel (default, --fused-router on), then --pdl-engine off and 32k for both; the family table of one run;
-# (DECODE=0: none of these) with CHECKS=1 the contract and the CUDA tests; last, ncu times of the router's kernels and add_rmsnorm per grid
-# size, decode steps only (a one-token prompt: every window one row), fused router off and on.
+# On the GPU machine: the engine kernels' programmatic dependent launch and the router's paths, build-l/keel against
+# build-l/keel_base (a build of the tree before the change, carried beside it). Unless DECODE=0: `keel bench decode`
+# at 1k of both, interleaved ROUNDS times (default 2), with the new one also at --fused-router on; then the new one at
+# --pdl-engine off, both at 32k, and the new one's family table. With CHECKS=1: lib.sh's checks (the contract with
+# $CONTRACT_ARGS, e.g. --filter '^cuda/engine/', and the CUDA tests). Unless NCU=0: ncu times of the router's
+# kernels and add_rmsnorm per grid size over decode steps only (a one-token prompt), fused router off and on.
 NAME=pdl BUILD_DIR=build-l
-. tools/device/lib.sh
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH}:/usr/local/cuda/lib64
 timeout 150 $K synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64 >/dev/null 2>&1 || echo "synth failed"
 if [[ ${DECODE:-1} == 1 ]]; then
-for r in 1 2; do
+for r in $(seq ${ROUNDS:-2}); do
   decode_line base build-l/keel_base
   decode_line new build-l/keel
   decode_line new-fused-router build-l/keel --fused-router on
@@ -20,6 +21,7 @@ decode_line new-32k build-l/keel --context 32768
 timeout 150 $K bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda > $OUT/decode.log 2>&1; grep -E "^(floor|bandwidth|  [a-z])" $OUT/decode.log | cut -c1-200 | head -12
 fi
 [[ ${CHECKS:-0} == 1 ]] && checks
+[[ ${NCU:-1} == 1 ]] || exit 0
 for fr in off on; do
   timeout 120 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum,launch__grid_size --csv \
     -k regex:"route_window_kernel|matvec_kernel|router_kernel|add_rmsnorm_kernel" --launch-count 400 \

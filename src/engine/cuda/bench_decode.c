@@ -181,7 +181,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
         keel_cuda_device_name(dev, sizeof dev);
         read_gbs = keel_cuda_read_gbs();
         if (pdl < 0) pdl = KEEL_CUDA_STREAM_PDL_DEFAULT;
-        if (pdl_engine < 0) pdl_engine = 1;
+        if (pdl_engine < 0) pdl_engine = KEEL_ECU_PDL_DEFAULT;
         if (prefetch < 0) prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT;
         if (split_q < 0) split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
         if (split_long < 0) split_long = KEEL_CUDA_STREAM_SPLIT_LONG_DEFAULT;

@@ -43,10 +43,11 @@ bool keel_ecu_capture_end(void *st, void **exec, char *why, size_t cap);
 void keel_ecu_graph_launch(void *exec, void *st);
 void keel_ecu_graph_free(void *exec); /* accepts NULL */
 /* Whether the engine's kernels launch as programmatic dependents (sm_90, with the stream tiles' PDL active): each
- * releases its dependents and waits for the previous kernel at its start, so its launch and setup overlap that
- * kernel's tail. Default on; off for measuring. */
+ * waits for the previous kernel at its start, then releases the next, so its launch and setup overlap that kernel's
+ * tail. Scheduling only, the bits never change; a graph captured before a change keeps its launches. */
 void keel_ecu_set_pdl(int on);
 bool keel_ecu_pdl_on(void);
+#define KEEL_ECU_PDL_DEFAULT 1
 
 /* The host function pointer of an engine kernel by its gate-5 audit symbol ("matvec_kernel"); NULL if unknown. */
 const void *keel_ecu_kernel_fn(const char *symbol);

@@ -274,9 +274,10 @@ __device__ __forceinline__ float units_dot(const uint32_t *rw, long long go, con
     return acc;
 }
 
-/* One output of the fp32 matvec per warp (warp = item * n + output). BATCH: a float matrix's loads go out in batches
- * (the fused router, whose surrounding code otherwise leaves them one round trip each); the same bits either way. */
-template <bool BATCH>
+/* One output of the fp32 matvec per warp (warp = item * n + output). NB: a float matrix's elements a lane loads before
+ * it adds any (1 for the plain matvec; more for the fused router, whose surrounding code otherwise leaves each load
+ * one round trip); the same sums in the same order, so the same bits, whatever NB. */
+template <int NB>
 __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const void *x, int x_bf16, int m, void *y,
                                             int y_bf16, int epi, int warp, int lane) {
     const int items = R.sel ? m * R.K : m;
@@ -286,18 +287,12 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
     const long long ex = R.sel ? R.sel[it] : 0;
     const long long xo = (long long)xr * W.k;
     float acc = 0.0f;
-    if (W.bits == 0 && !BATCH) {
-        for (int c = lane; c < W.k; c += 32) {
-            float xv = x_bf16 ? kp_bf16_to_f32(((const uint16_t *)x)[xo + c]) : ((const float *)x)[xo + c];
-            acc = __fadd_rn(acc, __fmul_rn(xv, ld_dt(W.w, W.sdt, ex * R.es + (long long)o * W.k + c)));
-        }
-    } else if (W.bits == 0) { /* the same sums in the same order, kBatch elements loaded before any is added */
-        constexpr int kBatch = 8;
+    if (W.bits == 0) { /* lane l sums elements l, l + 32, ... in order */
         const long long wo = ex * R.es + (long long)o * W.k;
-        for (int c0 = lane; c0 < W.k; c0 += 32 * kBatch) {
-            float xv[kBatch], wv[kBatch];
+        for (int c0 = lane; c0 < W.k; c0 += 32 * NB) {
+            float xv[NB], wv[NB];
 #pragma unroll
-            for (int j = 0; j < kBatch; j++) {
+            for (int j = 0; j < NB; j++) {
                 const int c = c0 + 32 * j;
                 xv[j] = c >= W.k ? 0.0f
                         : x_bf16 ? kp_bf16_to_f32(((const uint16_t *)x)[xo + c])
@@ -305,11 +300,9 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
                 wv[j] = c < W.k ? ld_dt(W.w, W.sdt, wo + c) : 0.0f;
             }
 #pragma unroll
-            for (int j = 0; j < kBatch; j++)
+            for (int j = 0; j < NB; j++)
                 if (c0 + 32 * j < W.k) acc = __fadd_rn(acc, __fmul_rn(xv[j], wv[j]));
         }
-    }
-    if (W.bits == 0) {
         acc = warp_sum(acc);
         if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && m > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-22f);
     } else { /* lane l takes the 32-code units l, l+32, ...; each unit is `bits` whole words */
@@ -336,7 +329,7 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
 
 __global__ void matvec_kernel(QW W, Route R, const void *x, int x_bf16, int m, void *y, int y_bf16, int epi) {
     kp_grid_enter(); /* the previous kernel done, the next may launch */
-    matvec_warp<false>(W, R, x, x_bf16, m, y, y_bf16, epi, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5),
+    matvec_warp<1>(W, R, x, x_bf16, m, y, y_bf16, epi, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5),
                 (int)(threadIdx.x & 31));
 }
 
@@ -772,7 +765,7 @@ __global__ void router_kernel(QW W, const float *x, int m, float *logits, DVec c
     kp_grid_enter(); /* the previous kernel done, the next may launch */
     const int E = W.n, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const Route R = {nullptr, 1, 0, 0, 0};
-    matvec_warp<true>(W, R, x, 0, m, logits, 0, KEEL_EPI_NONE, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5),
+    matvec_warp<8>(W, R, x, 0, m, logits, 0, KEEL_EPI_NONE, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5),
                       lane);
     __shared__ unsigned last;
     __threadfence();

@@ -19,7 +19,7 @@
 #define cudaGraphExecDestroy hipGraphExecDestroy
 #endif
 
-static int g_ecu_pdl = 1;
+static int g_ecu_pdl = KEEL_ECU_PDL_DEFAULT;
 extern "C" void keel_ecu_set_pdl(int on) { g_ecu_pdl = on != 0; }
 extern "C" bool keel_ecu_pdl_on(void) { return g_ecu_pdl && keel_cuda_stream_pdl_active(); }
 

@@ -209,10 +209,10 @@ static void test_graphs_same_tokens(void **state) {
     keel_cuda_engine_free(e);
 }
 
-/* The second stream and programmatic dependent launch change scheduling only, and the fused router, the route window and the fused Mamba step give
- * the bits of the launches they replace: logits of windows and prompt chunks, MTP logits and graph-replayed greedy
- * tokens are bit-identical with the second stream off, on and at low priority, with each fusion off and with dependent launch off
- * (the engine's kernels, then the tiles too). */
+/* The second stream and programmatic dependent launch change scheduling only, and the fused router, the route window
+ * and the fused Mamba step give the bits of the launches they replace: logits of windows and prompt chunks, MTP logits
+ * and graph-replayed greedy tokens are bit-identical with the second stream off, on and at low priority, with each
+ * fusion off and with dependent launch off (the engine's kernels, then the tiles too). */
 static void test_scheduling_same_bits(void **state) {
     fx *f = *state;
     const keel_config *c = &f->model.cfg;
@@ -252,7 +252,7 @@ static void test_scheduling_same_bits(void **state) {
         assert_int_equal(keel_cuda_generate(e, f->tokens, f->prompt_len, &o, on_token, &toks[mode], &r, &err), KEEL_OK);
         assert_int_equal(toks[mode].n, 32);
     }
-    keel_ecu_set_pdl(1);
+    keel_ecu_set_pdl(KEEL_ECU_PDL_DEFAULT);
     keel_cuda_stream_pdl(KEEL_CUDA_STREAM_PDL_DEFAULT);
     for (int mode = 1; mode < NCFG; mode++) {
         assert_memory_equal(logits[mode], logits[0], nl * 2 * sizeof(float));
@@ -260,8 +260,8 @@ static void test_scheduling_same_bits(void **state) {
         assert_memory_equal(toks[mode].ids, toks[0].ids, sizeof toks[0].ids);
     }
     print_message("second stream off, on and at low priority, fused router, route window, Mamba step and dependent "
-                  "launches on and off: logits (8-row windows, 64-row chunks), MTP logits and 32 graph-replayed greedy tokens "
-                  "bit-identical\n");
+                  "launches on and off: logits (8-row windows, 64-row chunks), MTP logits and 32 graph-replayed greedy "
+                  "tokens bit-identical\n");
     for (int mode = 0; mode < NCFG; mode++) free(logits[mode]), free(mtp[mode]);
     free(h);
     keel_cuda_engine_free(e);

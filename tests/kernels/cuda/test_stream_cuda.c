@@ -13,6 +13,7 @@
 #include "format/format.h"
 #include "kernels/cpu/cpu.h"
 #include "common/testkit.h"
+#include "contract/contract.h"
 
 #ifdef KEEL_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -121,9 +122,10 @@ static double xval(const uint16_t *x, size_t i, keel_dtype xdt) {
 }
 
 /* float64 reference of row r, column j, and the magnitude the kernel's arithmetic sums: sum |x|(|s|(q + 2M) + |b|),
- * M the offset bf16 codes keep at 2-6 bits (128; the mma sums x(q + M), the group end takes M sum(x) off). */
+ * M the offset the tile's codes keep (keel_contract_mma_offset; the mma sums x(q + M), the group end takes M sum(x)
+ * off). */
 static double ref_dot(const qm *q, const uint16_t *x, keel_dtype xdt, int r, int j, double *mag) {
-    const double off = xdt == KEEL_DT_BF16 && q->bits != 8 ? 128.0 : 0.0;
+    const double off = keel_contract_mma_offset(q->bits, xdt);
     double acc = 0, a = 0;
     size_t rw = keel_quant_row_words(q->k, q->bits);
     for (int c = 0; c < q->k; c++) {
