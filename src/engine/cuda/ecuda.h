@@ -48,6 +48,9 @@ void keel_ecu_graph_free(void *exec); /* accepts NULL */
 void keel_ecu_set_pdl(int on);
 bool keel_ecu_pdl_on(void);
 #define KEEL_ECU_PDL_DEFAULT 1
+/* Every engine kernel prefers all of L1 as shared memory, as the stream tiles do: kernels with different carveouts
+ * cannot share an SM, so a change between launches drains it (measured in docs/performance.md). Once per process. */
+void keel_ecu_prefer_shared(void);
 
 /* The host function pointer of an engine kernel by its gate-5 audit symbol ("matvec_kernel"); NULL if unknown. */
 const void *keel_ecu_kernel_fn(const char *symbol);

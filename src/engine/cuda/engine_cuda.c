@@ -366,6 +366,7 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     }
     e->weight_bytes = wbytes;
     e->arena_bytes = c.off;
+    keel_ecu_prefer_shared(); /* every kernel the same carveout: no SM reconfiguration between launches */
     e->st = keel_ecu_stream_new();
     e->side = keel_ecu_stream_new();
     e->side_mode = KEEL_CUDA_ENGINE_SIDE_DEFAULT;

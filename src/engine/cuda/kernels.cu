@@ -152,15 +152,22 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ x, const float *__restric
             bv[j] = bias.n && i < n ? vget(bias, i) : 0.0f;
         }
         kp_grid_wait(); /* x, a and b are the previous kernels' */
+        float av[kNormRegs], ov[kNormRegs];
+#pragma unroll
+        for (int j = 0; j < kNormRegs; j++) { /* loads only: no use between them, so all are in flight at once */
+            const int i = threadIdx.x + j * kNormThreads;
+            v[j] = i < n ? xr[i] : 0.0f;
+            av[j] = i < n ? a[r * n + i] : 0.0f;
+            ov[j] = b && i < n ? b[r * n + i] : 0.0f;
+        }
 #pragma unroll
         for (int j = 0; j < kNormRegs; j++) {
             const int i = threadIdx.x + j * kNormThreads;
-            v[j] = 0.0f;
             if (i < n) {
-                float t = a[r * n + i];
-                if (b) t = __fadd_rn(t, b[r * n + i]);
+                float t = av[j];
+                if (b) t = __fadd_rn(t, ov[j]);
                 if (bias.n && !PLANTED(KEEL_ECU_PLANT_NOBIAS)) t = __fadd_rn(t, bv[j]);
-                v[j] = __fadd_rn(xr[i], t);
+                v[j] = __fadd_rn(v[j], t);
             }
         }
         float ss = 0.0f;
@@ -395,32 +402,52 @@ constexpr int kMaxStatePerLane = 8; /* ssm_state up to 256 */
 /* Channel p of head h's state row (N) into the lanes' registers s (lane + 32 i). */
 __device__ __forceinline__ void ssm_load(const float *state, int P, int N, int h, int p, int lane, float *s) {
     const float *srow = state + ((long long)h * P + p) * N;
+#pragma unroll
     for (int i = 0; i < kMaxStatePerLane; i++) {
         int n = lane + 32 * i;
         s[i] = n < N ? srow[n] : 0.0f;
     }
 }
 
+/* Head h's scan constants: A = -exp(A_log), D and the dt bias (model weights: readable before the grid wait). */
+struct SsmHead {
+    float A, D, bias;
+};
+__device__ __forceinline__ SsmHead ssm_head(DVec dtb, DVec alog, DVec Dv, int h) {
+    const float al = vget(alog, h), d = vget(Dv, h), b = vget(dtb, h); /* three loads in flight together */
+    SsmHead c = {-expf(al), d, b};
+    return c;
+}
+
 /* The scan of channel p of head h over m tokens by one warp, as ssm_kernel computes it, from its state row s (as
  * ssm_load leaves it; stored back at the end); token r's x at x0[r*xld], its B and C at B0 + r*xld and C0 + r*xld;
  * y (m, NH*P). */
 __device__ __forceinline__ void ssm_run(float *s, const float *x0, const float *B0, const float *C0, long long xld,
-                                        const float *proj, int ld, int dt_off, float *state, DVec dtb, DVec alog,
-                                        DVec Dv, int NH, int P, int N, int m, float *y, int h, int p, int lane) {
+                                        const float *proj, int ld, int dt_off, float *state, SsmHead hc, int NH, int P,
+                                        int N, int m, float *y, int h, int p, int lane) {
     float *srow = state + ((long long)h * P + p) * N;
     const int DI = NH * P;
-    const float A = -expf(vget(alog, h)), Dh = vget(Dv, h), bias = vget(dtb, h);
+    const float A = hc.A, Dh = hc.D, bias = hc.bias;
     for (int r = 0; r < m; r++) {
-        const float dt = softplus(__fadd_rn(proj[(long long)r * ld + dt_off + h], bias));
-        const float dA = expf(__fmul_rn(A, dt));
-        const float xv = x0[r * xld], xdt = __fmul_rn(xv, dt);
         const float *B = B0 + r * xld, *Cm = C0 + r * xld;
+        const float dtr = proj[(long long)r * ld + dt_off + h], xv = x0[r * xld];
+        float bv[kMaxStatePerLane], cv[kMaxStatePerLane]; /* the token's loads first, all in flight at once */
+#pragma unroll
+        for (int i = 0; i < kMaxStatePerLane; i++) {
+            const int n = lane + 32 * i;
+            bv[i] = n < N ? B[n] : 0.0f;
+            cv[i] = n < N ? Cm[n] : 0.0f;
+        }
+        const float dt = softplus(__fadd_rn(dtr, bias));
+        const float dA = expf(__fmul_rn(A, dt));
+        const float xdt = __fmul_rn(xv, dt);
         float acc = 0.0f;
+#pragma unroll
         for (int i = 0; i < kMaxStatePerLane; i++) {
             int n = lane + 32 * i;
             if (n < N) {
-                s[i] = __fadd_rn(__fmul_rn(dA, s[i]), __fmul_rn(xdt, B[n]));
-                acc = __fadd_rn(acc, __fmul_rn(s[i], Cm[n]));
+                s[i] = __fadd_rn(__fmul_rn(dA, s[i]), __fmul_rn(xdt, bv[i]));
+                acc = __fadd_rn(acc, __fmul_rn(s[i], cv[i]));
             }
         }
         acc = warp_sum(acc);
@@ -435,14 +462,15 @@ __device__ __forceinline__ void ssm_run(float *s, const float *x0, const float *
 /* One warp per (head, channel p): the state row (N) lives in the lanes' registers across the m tokens. */
 __global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, int dt_off, float *state, DVec dtb,
                            DVec alog, DVec Dv, int NH, int P, int N, int G, int m, float *y) {
-    kp_grid_enter(); /* the previous kernel done, the next may launch */
     const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = (int)(threadIdx.x & 31);
+    const int h = min(warp / P, NH - 1), p = warp % P, DI = NH * P, grp = h / (NH / G);
+    const SsmHead hc = ssm_head(dtb, alog, Dv, h); /* weights before the wait */
+    kp_grid_enter(); /* the previous kernel done, the next may launch */
     if (warp >= NH * P) return;
-    const int h = warp / P, p = warp % P, DI = NH * P, grp = h / (NH / G);
     float s[kMaxStatePerLane];
     ssm_load(state, P, N, h, p, lane, s);
-    ssm_run(s, xbc + h * P + p, xbc + DI + grp * N, xbc + DI + G * N + grp * N, CD, proj, ld, dt_off, state, dtb, alog,
-            Dv, NH, P, N, m, y, h, p, lane);
+    ssm_run(s, xbc + h * P + p, xbc + DI + grp * N, xbc + DI + G * N + grp * N, CD, proj, ld, dt_off, state, hc, NH, P,
+            N, m, y, h, p, lane);
 }
 
 /* The gated RMSNorm of group q of row r by one block of kNormThreads (buf as many floats), as gate_norm_kernel
@@ -514,8 +542,9 @@ __global__ void mamba_step_kernel(const float *proj, int ld, float *win, DVec cw
     }
     __syncthreads();
     const float *B0 = xs + kMambaSlice, *C0 = xs + kMambaSlice + N;
-    if (pa < np) ssm_run(sa, xs + pa, B0, C0, W, proj, ld, DI + CD, state, dtb, alog, Dv, NH, P, N, m, y, h, p0 + pa, lane);
-    if (pb < np) ssm_run(sb, xs + pb, B0, C0, W, proj, ld, DI + CD, state, dtb, alog, Dv, NH, P, N, m, y, h, p0 + pb, lane);
+    const SsmHead hc = ssm_head(dtb, alog, Dv, h);
+    if (pa < np) ssm_run(sa, xs + pa, B0, C0, W, proj, ld, DI + CD, state, hc, NH, P, N, m, y, h, p0 + pa, lane);
+    if (pb < np) ssm_run(sb, xs + pb, B0, C0, W, proj, ld, DI + CD, state, hc, NH, P, N, m, y, h, p0 + pb, lane);
     __threadfence();
     __syncthreads();
     if (tid == 0) last = atomicAdd(&cnt[grp], 1u) == (unsigned)(NH / G * S) - 1u;
@@ -554,14 +583,33 @@ constexpr int kRouteRegs = 8; /* experts a lane holds in registers on route_row'
 __device__ __forceinline__ void route_row_regs(const float *logits, const DVec &corr, int E, int K, int norm_topk,
                                                float scaling, keel_cuda_route *items, float *weights, int *sel, int r,
                                                int lane) {
-    float sv[kRouteRegs];
+    float sv[kRouteRegs], cv[kRouteRegs];
     uint32_t kv[kRouteRegs], left = 0u; /* left: bit j while expert lane + 32 j is not chosen */
+    /* every load first (one round trip, not one per expert; the dtype branch outside the loads), then the scores */
 #pragma unroll
     for (int j = 0; j < kRouteRegs; j++) {
         const int i = lane + 32 * j;
-        const float l = i < E ? logits[(long long)r * E + i] : 0.0f;
-        sv[j] = 1.0f / (1.0f + expf(-l));
-        kv[j] = order_key(corr.n && i < E ? __fadd_rn(sv[j], vget(corr, i)) : sv[j]);
+        sv[j] = i < E ? logits[(long long)r * E + i] : 0.0f;
+    }
+    const bool c16 = corr.dt == KEEL_DT_BF16 || corr.dt == KEEL_DT_F16; /* as ld_dt reads it */
+#pragma unroll
+    for (int j = 0; j < kRouteRegs; j++) cv[j] = 0.0f;
+    if (corr.n && !c16) {
+#pragma unroll
+        for (int j = 0; j < kRouteRegs; j++) cv[j] = lane + 32 * j < E ? ((const float *)corr.p)[lane + 32 * j] : 0.0f;
+    } else if (corr.n) {
+        uint16_t h[kRouteRegs];
+#pragma unroll
+        for (int j = 0; j < kRouteRegs; j++) h[j] = lane + 32 * j < E ? ((const uint16_t *)corr.p)[lane + 32 * j] : 0;
+        const bool bf = corr.dt == KEEL_DT_BF16;
+#pragma unroll
+        for (int j = 0; j < kRouteRegs; j++) cv[j] = bf ? kp_bf16_to_f32(h[j]) : kp_f16_to_f32(h[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kRouteRegs; j++) {
+        const int i = lane + 32 * j;
+        sv[j] = 1.0f / (1.0f + expf(-sv[j]));
+        kv[j] = order_key(corr.n && i < E ? __fadd_rn(sv[j], cv[j]) : sv[j]);
         if (i < E) left |= 1u << j;
     }
     int my_e = 0;
@@ -893,9 +941,8 @@ extern "C" void KEEL_ECU_FN(matvec)(const keel_cuda_qw *W, const void *x, keel_d
     KEEL_ASSERT(ydt == KEEL_DT_F32 || ydt == KEEL_DT_BF16);
     long long threads = (long long)m * W->n * 32;
     Route R = {nullptr, 1, 0, 0, 0};
-    /* a plain launch, not a programmatic dependent: that measured slower for the router (docs/performance.md) */
-    matvec_kernel<<<blocks_for(threads, 256), 256, 0, (cudaStream_t)st>>>(qw(W), R, x, xdt == KEEL_DT_BF16, m, y,
-                                                                          ydt == KEEL_DT_BF16, (int)epi);
+    KP_LAUNCH(keel_ecu_pdl_on(), matvec_kernel, dim3(blocks_for(threads, 256)), dim3(256), 0, st, qw(W), R, x,
+              xdt == KEEL_DT_BF16, m, y, ydt == KEEL_DT_BF16, (int)epi);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
