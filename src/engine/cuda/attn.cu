@@ -186,17 +186,24 @@ __global__ void __launch_bounds__(kThreads, 2) attn_tile_kernel(AP a) {
 
     /* zero the tile buffers (their padding columns stay zero) and load this block's queries (+ bias) */
     for (int i = tid; i < (a.alias ? 1 : 2) * kTile * a.KS / 4; i += kThreads) smem4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int pi = 0; pi < kPairs; pi++) {
-        int row = 0, head = 0;
-        const bool on = pair_pos(a, r0, hg, pi, pos0, &row, &head, kh) >= 0;
-        const long long qi = ((long long)row * a.nh + head) * a.hd;
-        for (int d = tid; d < a.KS; d += kThreads) {
-            float v = 0.0f;
-            if (on && d < a.hd) {
-                v = a.q[qi + d];
-                if (a.qb_n) v = __fadd_rn(v, ld_dt(a.qb, a.qb_dt, (long long)head * a.hd + d));
+    { /* the pairs' queries: a batch of elements loaded before any is stored (one round trip, not one a pair) */
+        constexpr int kQBatch = 8;
+        const int nq = kPairs * a.KS;
+        for (int e0 = tid; e0 < nq; e0 += kThreads * kQBatch) {
+            float qv[kQBatch], bv[kQBatch];
+#pragma unroll
+            for (int j = 0; j < kQBatch; j++) {
+                const int e = e0 + j * kThreads, pi = e / a.KS, d = e - pi * a.KS;
+                int row = 0, head = 0;
+                const bool on = e < nq && pair_pos(a, r0, hg, pi, pos0, &row, &head, kh) >= 0 && d < a.hd;
+                qv[j] = on ? a.q[((long long)row * a.nh + head) * a.hd + d] : 0.0f;
+                bv[j] = on && a.qb_n ? ld_dt(a.qb, a.qb_dt, (long long)head * a.hd + d) : 0.0f;
             }
-            Q[pi * a.KS + d] = v;
+#pragma unroll
+            for (int j = 0; j < kQBatch; j++) {
+                const int e = e0 + j * kThreads;
+                if (e < nq) Q[e] = a.qb_n ? __fadd_rn(qv[j], bv[j]) : qv[j];
+            }
         }
     }
     __syncthreads();

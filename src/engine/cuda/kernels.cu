@@ -473,12 +473,43 @@ __global__ void ssm_kernel(const float *xbc, int CD, const float *proj, int ld, 
             N, m, y, h, p, lane);
 }
 
+constexpr int kGateRegs = 4; /* a group of up to kGateRegs * blockDim elements is held in registers */
+
 /* The gated RMSNorm of group q of row r by one block of kNormThreads (buf as many floats), as gate_norm_kernel
  * computes it; y is read from L2 (the fused Mamba step reads other blocks' y). */
 __device__ __forceinline__ void gate_norm_group(const float *y, const float *proj, int ld, DVec w, int G, int DI,
                                                 float eps, uint16_t *out, float *outf, int r, int q, float *buf) {
     const int gs = PLANTED(KEEL_ECU_PLANT_GROUPS) && q == 0 ? DI / G + 1 : DI / G;
     const float *yr = y + (long long)r * DI + (long long)q * gs, *z = proj + (long long)r * ld + (long long)q * gs;
+    if (gs <= kGateRegs * (int)blockDim.x) { /* the group in registers: every load first, then the loop's sums */
+        float v[kGateRegs], zv[kGateRegs], wv[kGateRegs];
+#pragma unroll
+        for (int j = 0; j < kGateRegs; j++) {
+            const int i = threadIdx.x + j * blockDim.x;
+            v[j] = i < gs ? kp_ldcg_f32(yr + i) : 0.0f;
+            zv[j] = i < gs ? z[i] : 0.0f;
+            wv[j] = i < gs ? vget(w, (long long)q * gs + i) : 0.0f;
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kGateRegs; j++)
+            if (threadIdx.x + j * blockDim.x < (unsigned)gs) {
+                v[j] = __fmul_rn(v[j], silu(zv[j]));
+                ss = __fadd_rn(ss, __fmul_rn(v[j], v[j]));
+            }
+        ss = block_sum(ss, buf);
+        const float inv = 1.0f / sqrtf(__fadd_rn(ss / (float)gs, eps));
+        uint16_t *o = out ? out + (long long)r * DI + (long long)q * gs : nullptr;
+#pragma unroll
+        for (int j = 0; j < kGateRegs; j++) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i >= gs) continue;
+            const float t = __fmul_rn(__fmul_rn(v[j], inv), wv[j]);
+            if (o) o[i] = kp_f32_to_bf16(t);
+            if (outf) outf[(long long)r * DI + (long long)q * gs + i] = t;
+        }
+        return;
+    }
     float ss = 0.0f;
     for (int i = threadIdx.x; i < gs; i += blockDim.x) {
         float v = __fmul_rn(kp_ldcg_f32(yr + i), silu(z[i]));

@@ -319,8 +319,12 @@ __device__ __forceinline__ void prefetch_chunk(const Params &P, const Prod<B> &Q
     kp_prefetch_l2((const char *)Q.base + (Q.e + (k0 >> Q.lg)) * esz, (long long)((k1 - k0) >> Q.lg) * esz);
 }
 
+/* The uint4 of (row r, block j, t) in an x-chunk of nblk blocks (nblk even): an odd row's blocks swap in pairs
+ * (j ^ 1), so the two rows a quarter-warp's 16-byte fragment loads read (g, g + 1) hit different banks. */
+__device__ __forceinline__ int xf_at(int r, int j, int t, int nblk) { return (r * nblk + (j ^ (r & 1))) * 4 + t; }
+
 /* Stages x-chunk [c0, c0 + len) of the item's m rows in mma fragment order: a uint4 per (row, block, t) at
- * xf[(row * lenp/32 + block) * 4 + t] holding x[8t + i] and x[8t + i + 4] of the block in word i, zeros up to
+ * xf[xf_at(row, block, t, lenp/32)] holding x[8t + i] and x[8t + i + 4] of the block in word i, zeros up to
  * lenp (whole stages). Rows outside the mask are zeros. Loads go out in batches. */
 __device__ __forceinline__ void stage_x(const Params &P, const uint16_t *__restrict__ x, uint32_t mask, int c0,
                                         int len, int lenp, uint4 *xf) {
@@ -342,7 +346,7 @@ __device__ __forceinline__ void stage_x(const Params &P, const uint16_t *__restr
         for (int b = 0; b < kBatch; b++) {
             const int e = base + b * kThreads, t = e & 3, r = (e >> 2) % m, j = (e >> 2) / m;
             if (e < nunits)
-                xf[(r * nblk + j) * 4 + t] = make_uint4(__byte_perm(w[b][0], w[b][2], 0x5410), __byte_perm(w[b][0], w[b][2], 0x7632),
+                xf[xf_at(r, j, t, nblk)] = make_uint4(__byte_perm(w[b][0], w[b][2], 0x5410), __byte_perm(w[b][0], w[b][2], 0x7632),
                                    __byte_perm(w[b][1], w[b][3], 0x5410), __byte_perm(w[b][1], w[b][3], 0x7632));
         }
     }
@@ -362,7 +366,7 @@ template <bool XF16> __device__ __forceinline__ void stage_xsum(const Params &P,
         float acc = 0.f;
         if (u < nsum) {
             for (int b = 0; b < bpg; b++) {
-                const uint4 v = xf[(r * nblk + gl * bpg + b) * 4 + t];
+                const uint4 v = xf[xf_at(r, gl * bpg + b, t, nblk)];
                 const uint32_t q[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc = __fadd_rn(acc, xval<XF16>(q[i] & 0xffffu));
@@ -384,7 +388,7 @@ template <bool XF16> __device__ __forceinline__ void stage_xsum(const Params &P,
  * (their accumulators stay zero and are never stored). */
 template <int B, bool XF16, int BPG, bool ONE = false>
 __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *rb, int tsh, const uint4 *xfb,
-                                           bool xlive, const float *xsa, const float *xsb, bool xs0ok, bool xs1ok,
+                                           int xsw, bool xlive, const float *xsa, const float *xsb, bool xs0ok, bool xs1ok,
                                            const float2 *sa, const float2 *sb, int epi, float acc[4]) {
     using G = Geo<B>;
     (void)epi;
@@ -414,7 +418,7 @@ __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *r
                 KEEL_PLANT_DECODE(B, XF16, vb, pb);
             }
             uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-            if (xlive) xv = xfb[jb * 4];
+            if (xlive) xv = xfb[jb * 4 + ((jb & 1) ? -xsw : xsw)]; /* xf_at's pair swap of odd rows */
             const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, b0[2] = {xv.x, xv.y};
             const uint32_t a1[4] = {pa[2], pb[2], pa[3], pb[3]}, b1[2] = {xv.z, xv.w};
             kp_mma_16816<XF16>(S, a0, b0);
@@ -563,14 +567,15 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
             const int ngc = nblk * 32 >> lg; /* groups in this x-chunk */
             const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
             const uint4 *xfb = xf + (g * nblk + (kc >> 5)) * 4 + t;
+            const int xsw = (g & 1) * 4;
             const float *xsa = xs + 2 * t * ngc + (kc >> lg), *xsb = xsa + ngc;
             const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
             if (lbpg == 0)
-                stage_body<B, XF16, 1>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
+                stage_body<B, XF16, 1>(ra, rb, tsh, xfb, xsw, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
             else if (lbpg == 1)
-                stage_body<B, XF16, 2>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
+                stage_body<B, XF16, 2>(ra, rb, tsh, xfb, xsw, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
             else
-                stage_body<B, XF16, 4>(ra, rb, tsh, xfb, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
+                stage_body<B, XF16, 4>(ra, rb, tsh, xfb, xsw, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
         }
         kc += G::SK;
         if (kc == P.xk) kc = 0;
@@ -674,9 +679,10 @@ __device__ __forceinline__ void stream_loop_fast(const Params &P, const Prod<B> 
             const int ngc = nblk * 32 >> LG; /* groups in this x-chunk */
             const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
             const uint4 *xfb = xf + (gx * nblk + (kc >> 5)) * 4 + t;
+            const int xsw = ONE ? 0 : (gx & 1) * 4;
             const float *xsa = xs + r0 * ngc + (kc >> LG), *xsb = xs + r1 * ngc + (kc >> LG);
             const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
-            stage_body<B, XF16, BPG, ONE>(ra, rb, tsh, xfb, true, xsa, xsb, true, true, sa, sb, P.epi, acc);
+            stage_body<B, XF16, BPG, ONE>(ra, rb, tsh, xfb, xsw, true, xsa, xsb, true, true, sa, sb, P.epi, acc);
         }
         kc += G::SK;
         if (kc == P.xk) kc = 0;
