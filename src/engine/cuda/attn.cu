@@ -652,21 +652,27 @@ extern "C" void keel_contract_twin_ecu_attn_arm(int fault) {
     KEEL_CUDA_CHECK(cudaMemcpyToSymbol(g_attn_plant, &fault, sizeof fault));
 }
 #else
-/* The host function pointer of an attention kernel by its audit symbol (contract/records), for gate 5's live check. */
+/* The attention kernels by audit symbol (contract/records). */
+static const struct {
+    const char *name;
+    const void *fn;
+} g_attn_kernels[] = {
+    {"attn_tile_kernel<1>", (const void *)attn_tile_kernel<1>},
+    {"attn_tile_kernel<2>", (const void *)attn_tile_kernel<2>},
+    {"attn_tile_kernel<4>", (const void *)attn_tile_kernel<4>},
+    {"attn_combine_kernel", (const void *)attn_combine_kernel},
+    {"kv_append_kernel", (const void *)kv_append_kernel},
+};
+
+/* The host function pointer of an attention kernel by its audit symbol, for gate 5's live check. */
 extern "C" const void *keel_ecu_attn_kernel_fn(const char *symbol) {
-    static const struct {
-        const char *name;
-        const void *fn;
-    } tab[] = {
-        {"attn_tile_kernel<1>", (const void *)attn_tile_kernel<1>},
-        {"attn_tile_kernel<2>", (const void *)attn_tile_kernel<2>},
-        {"attn_tile_kernel<4>", (const void *)attn_tile_kernel<4>},
-        {"attn_combine_kernel", (const void *)attn_combine_kernel},
-        {"kv_append_kernel", (const void *)kv_append_kernel},
-    };
     if (!symbol) return NULL;
-    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
-        if (!strcmp(tab[i].name, symbol)) return tab[i].fn;
+    for (size_t i = 0; i < sizeof g_attn_kernels / sizeof g_attn_kernels[0]; i++)
+        if (!strcmp(g_attn_kernels[i].name, symbol)) return g_attn_kernels[i].fn;
     return NULL;
+}
+
+extern "C" const void *keel_ecu_attn_kernel_at(int i) {
+    return i >= 0 && (size_t)i < sizeof g_attn_kernels / sizeof g_attn_kernels[0] ? g_attn_kernels[i].fn : NULL;
 }
 #endif

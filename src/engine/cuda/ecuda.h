@@ -52,8 +52,14 @@ bool keel_ecu_pdl_on(void);
  * cannot share an SM, so a change between launches drains it (measured in docs/performance.md). Once per process. */
 void keel_ecu_prefer_shared(void);
 
-/* The host function pointer of an engine kernel by its gate-5 audit symbol ("matvec_kernel"); NULL if unknown. */
+/* The host function pointer of an engine kernel by its gate-5 audit symbol ("matvec_kernel"); NULL if unknown. The
+ * _at forms walk the same tables by index (NULL past the end): kernels.cu's, attn.cu's, scan.cu's then sample.cu's. */
 const void *keel_ecu_kernel_fn(const char *symbol);
+const void *keel_ecu_kernel_at(int i);
+const void *keel_ecu_attn_kernel_at(int i);
+const void *keel_ecu_scan_kernel_at(int i);
+/* A kernel's preferred shared-memory carveout as the runtime holds it (percent; -1 where the runtime has none). */
+int keel_ecu_kernel_carveout(const void *fn);
 
 /* ---- kernels ---- */
 /* x (m, hidden) = rows tok[0..m) of the embedding table (quantized: scale*q + bias; or float, bits == 0). */

@@ -23,27 +23,27 @@ static int g_ecu_pdl = KEEL_ECU_PDL_DEFAULT;
 extern "C" void keel_ecu_set_pdl(int on) { g_ecu_pdl = on != 0; }
 extern "C" bool keel_ecu_pdl_on(void) { return g_ecu_pdl && keel_cuda_stream_pdl_active(); }
 
-/* Every engine kernel by its audit name, for attributes set on all of them. */
-static const char *const kEcuKernels[] = {
-    "embed_kernel",        "rmsnorm_kernel",      "add_rmsnorm_kernel",  "add_bias_kernel",     "matvec_kernel",
-    "combine_kernel",      "conv_kernel",         "ssm_kernel",          "gate_norm_kernel",    "route_kernel",
-    "argmax_kernel",       "union_kernel",        "router_kernel",       "mamba_step_kernel",   "route_window_kernel",
-    "attn_combine_kernel", "kv_append_kernel",    "attn_tile_kernel<1>", "attn_tile_kernel<2>", "attn_tile_kernel<4>",
-    "ssm_chunk_kernel",    "sample_kernel"};
-
 extern "C" void keel_ecu_prefer_shared(void) {
 #if !defined(__HIPCC__)
     static bool done = false;
     if (done) return;
-    for (size_t i = 0; i < sizeof kEcuKernels / sizeof kEcuKernels[0]; i++) {
-        const void *fn = keel_ecu_kernel_fn(kEcuKernels[i]);
-        if (!fn) fn = keel_ecu_attn_kernel_fn(kEcuKernels[i]);
-        if (!fn) fn = keel_ecu_scan_kernel_fn(kEcuKernels[i]);
-        KEEL_ASSERTF(fn, "engine kernel %s has no entry in its file's kernel table", kEcuKernels[i]);
-        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             (int)cudaSharedmemCarveoutMaxShared));
-    }
+    const void *(*const tables[])(int) = {keel_ecu_kernel_at, keel_ecu_attn_kernel_at, keel_ecu_scan_kernel_at};
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
+        for (int i = 0; tables[t](i); i++)
+            KEEL_CUDA_CHECK(cudaFuncSetAttribute(tables[t](i), cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                 (int)cudaSharedmemCarveoutMaxShared));
     done = true;
+#endif
+}
+
+extern "C" int keel_ecu_kernel_carveout(const void *fn) {
+#if !defined(__HIPCC__)
+    cudaFuncAttributes a;
+    KEEL_CUDA_CHECK(cudaFuncGetAttributes(&a, fn));
+    return a.preferredShmemCarveout;
+#else
+    (void)fn;
+    return -1;
 #endif
 }
 

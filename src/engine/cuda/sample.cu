@@ -317,4 +317,6 @@ extern "C" const void *keel_ecu_sample_kernel_fn(const char *symbol) {
     if (symbol && !strcmp(symbol, "sample_kernel")) return (const void *)sample_kernel;
     return NULL;
 }
+
+extern "C" const void *keel_ecu_sample_kernel_at(int i) { return i == 0 ? (const void *)sample_kernel : NULL; }
 #endif

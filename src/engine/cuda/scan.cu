@@ -178,10 +178,15 @@ extern "C" void KEEL_SCN_FN(ssm_chunked)(const float *xbc, int CD, const float *
 
 #if !KEEL_SCAN_TWIN
 extern "C" const void *keel_ecu_sample_kernel_fn(const char *symbol);
+extern "C" const void *keel_ecu_sample_kernel_at(int i);
 
 /* The host function pointer of a kernel of scan.cu or sample.cu by its gate-5 audit symbol; NULL if unknown. */
 extern "C" const void *keel_ecu_scan_kernel_fn(const char *symbol) {
     if (symbol && !strcmp(symbol, "ssm_chunk_kernel")) return (const void *)ssm_chunk_kernel;
     return keel_ecu_sample_kernel_fn(symbol);
+}
+
+extern "C" const void *keel_ecu_scan_kernel_at(int i) {
+    return i == 0 ? (const void *)ssm_chunk_kernel : keel_ecu_sample_kernel_at(i - 1);
 }
 #endif

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "engine/engine.h"
@@ -22,6 +23,7 @@
 #ifdef KEEL_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
 #include "engine/cuda/ecuda.h"
+#include "contract/audit.h"
 
 typedef tk_ref fx;
 
@@ -368,6 +370,26 @@ static void test_errors(void **state) {
     keel_cuda_engine_free(e);
     keel_cuda_engine_free(NULL);
 }
+/* After an engine's init every engine kernel the audit declares (its sources under src/engine/cuda/) prefers all of
+ * L1 as shared memory, the carveout of the stream tiles: one carveout for the whole decode step. */
+static void test_carveout(void **state) {
+    fx *f = *state;
+    keel_cuda_engine *e = NULL;
+    keel_err err = {0};
+    assert_int_equal(keel_cuda_engine_init(&e, &f->model, 16, &err), KEEL_OK);
+    int n = 0, checked = 0;
+    const keel_audit_kernel *k = keel_audit_kernels(&n);
+    for (int i = 0; i < n; i++) {
+        if (k[i].control || !strstr(k[i].source, "src/engine/cuda/")) continue;
+        const void *fn = keel_audit_live_fn(k[i].symbol);
+        if (!fn) fail_msg("%s: no kernel lookup knows it", k[i].symbol);
+        const int c = keel_ecu_kernel_carveout(fn);
+        if (c != 100) fail_msg("%s: preferred shared-memory carveout %d%%, expected 100 (all shared)", k[i].symbol, c);
+        checked++;
+    }
+    assert_int_equal(checked, 22);
+    keel_cuda_engine_free(e);
+}
 #endif
 
 int main(void) {
@@ -384,6 +406,7 @@ int main(void) {
         cmocka_unit_test(test_greedy),         cmocka_unit_test(test_graphs_same_tokens),
         cmocka_unit_test(test_scheduling_same_bits), cmocka_unit_test(test_mtp),
         cmocka_unit_test(test_f32_activations), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_carveout),
     };
     return cmocka_run_group_tests(tests, tk_ref_setup, tk_ref_teardown);
 #endif
