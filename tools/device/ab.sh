@@ -1,22 +1,44 @@
 #!/usr/bin/env bash
-# On the GPU machine: builds carried here compared on the same device run. For each keel binary of $BINS (space-
-# separated paths; default build-l/keel), interleaved ROUNDS times (default 2): `keel bench decode` at 1k; then per
-# binary `keel bench stream $STREAM_ARGS` (default --quick), its table rows. With SASS=1 each binary's SASS
-# instruction count per stream_tile function, and the first binary's stream_tile<4, bf16> SASS (tile and twin) in $OUT/tile4.sass.
+# On the GPU machine: builds carried here compared on the same device run, e.g. BINS='build-l/keel_base build-l/keel'
+# (a build of the tree before the change beside the new one). For each keel binary of $BINS (space-separated paths;
+# default build-l/keel), interleaved ROUNDS times (default 2): `keel bench decode` at 1k ($DARGS); then the last
+# binary with each of $EXTRA's option sets (';'-separated, e.g. EXTRA='--fused-router on;--pdl-engine off'); with
+# CTX32=1 each binary at 32k; with FAMILY=1 the last binary's family table. Unless STREAM=0: per binary `keel bench
+# stream $STREAM_ARGS` (default --quick), its table rows. With CHECKS=1: lib.sh's checks of the last binary's build
+# ($CONTRACT_ARGS). With NCU=1: ncu's time per kernel of one launch-by-launch decode step of each binary
+# ($OUT/ncu_step.txt). With SASS=1 each binary's SASS instruction count per stream_tile function, and the first
+# binary's stream_tile<4, bf16> SASS (tile and twin) in $OUT/tile4.sass.
 NAME=ab BUILD_DIR=build-l
 . "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH}:/usr/local/cuda/lib64
 timeout 150 $K synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64 >/dev/null 2>&1 || echo "synth failed"
 BINS=${BINS:-$K}
+last=${BINS##* }
 for r in $(seq ${ROUNDS:-2}); do
   for b in $BINS; do
     decode_line "$b" "$b" ${DARGS:-}
   done
 done
-for b in $BINS; do
-  timeout 150 $b bench stream ${STREAM_ARGS:---quick} >/tmp/b.log 2>&1
-  echo "bench stream $b: rc=$?"; grep -E "^(read bandwidth|[a-z_0-9]+ +[2-8] +[0-9]+ +[18] |experts|  separate)" /tmp/b.log
-done
+IFS=';' read -ra extras <<<"${EXTRA:-}"
+for x in "${extras[@]}"; do decode_line "$last $x" "$last" $x ${DARGS:-}; done
+if [[ ${CTX32:-0} == 1 ]]; then
+  for b in $BINS; do decode_line "$b 32k" "$b" --context 32768 ${DARGS:-}; done
+fi
+if [[ ${FAMILY:-0} == 1 ]]; then
+  timeout 150 $last bench decode /tmp/nano --prompt-tokens 1000 --tokens 128 --backend cuda ${DARGS:-} >$OUT/decode.log 2>&1
+  grep -E "^(floor|bandwidth|  [a-z])" $OUT/decode.log | cut -c1-200 | head -12
+fi
+if [[ ${STREAM:-1} == 1 ]]; then
+  for b in $BINS; do
+    timeout 150 $b bench stream ${STREAM_ARGS:---quick} >/tmp/b.log 2>&1
+    echo "bench stream $b: rc=$?"; grep -E "^(read bandwidth|[a-z_0-9]+ +[2-8] +[0-9]+ +[18] |experts|  separate)" /tmp/b.log
+  done
+fi
+[[ ${CHECKS:-0} == 1 ]] && checks
+if [[ ${NCU:-0} == 1 ]]; then
+  for b in $BINS; do echo "== $b" >>"$OUT/ncu_step.txt"; K=$b ncu_step; done
+  cat "$OUT/ncu_step.txt"
+fi
 if [[ ${SASS:-0} == 1 ]]; then
   first=1
   for b in $BINS; do
