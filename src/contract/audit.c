@@ -210,6 +210,7 @@ static const keel_audit_kernel kernels[] = {
     KA_ECU("route_kernel", 32),      KA_ECU("argmax_kernel", 1024),
     KA_ECU("union_kernel", 32),      KA_ECU("router_kernel", 256),    KA_ECU("mamba_step_kernel", 256),
     KA_ECU("route_window_kernel", 256),
+    {"matvec_norm_kernel", "src/engine/cuda/kernels.cu", 256, 47 * 1024, 1, 0, false}, /* its rows: kMatvecNormSmem */
 #undef KA_ECU
     /* the graph-ready attention (src/engine/cuda/attn.cu): the tile kernels may use the 64 KiB of dynamic shared
      * memory their launch allows (cudaFuncSetAttribute), two blocks per SM (one on 100 KB chips) */

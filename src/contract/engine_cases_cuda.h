@@ -16,7 +16,7 @@
 #define BF16_UNIT 0x1p-8 /* bf16 keeps 8 significant bits: rounding to nearest errs by at most 2^-8 |v| */
 
 enum { K_EMBED, K_RMSNORM, K_ADDNORM, K_ADDBIAS, K_MATVEC_F, K_MATVEC_Q, K_CONV, K_SSM, K_GATENORM, K_ROUTE,
-       K_ARGMAX, K_ROUTED_UP, K_ROUTED_DOWN, K_COMBINE, K_UNION, K_ROUTER, K_MAMBA, K_RWIN, K_N };
+       K_ARGMAX, K_ROUTED_UP, K_ROUTED_DOWN, K_COMBINE, K_UNION, K_ROUTER, K_MAMBA, K_RWIN, K_NORMMV, K_N };
 enum { R_IN, R_OUT, R_STATE, R_SCRATCH };
 
 typedef struct buf {

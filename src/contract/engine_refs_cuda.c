@@ -53,6 +53,13 @@ void keel_contract_ecase_layout(ecase *c) {
         keel_contract_ecase_add(c, KEEL_DT_F32, m * n, n, R_OUT), keel_contract_ecase_add(c, KEEL_DT_BF16, m * n, n, R_OUT);
         break;
     case K_ADDBIAS: keel_contract_ecase_add(c, KEEL_DT_F32, m * n, n, R_STATE), keel_contract_ecase_add(c, KEEL_DT_BF16, n, 0, R_IN); break;
+    case K_NORMMV: /* add_rmsnorm of k-wide rows, then n outputs of a BF16 matrix: x, a, b, bias, w, W; x_out, yf, yb, y */
+        for (int i = 0; i < 3; i++) keel_contract_ecase_add(c, KEEL_DT_F32, m * k, k, R_IN);
+        keel_contract_ecase_add(c, KEEL_DT_BF16, k, 0, R_IN), keel_contract_ecase_add(c, KEEL_DT_BF16, k, 0, R_IN);
+        keel_contract_ecase_add(c, KEEL_DT_BF16, n * k, 0, R_IN);
+        keel_contract_ecase_add(c, KEEL_DT_F32, m * k, k, R_OUT), keel_contract_ecase_add(c, KEEL_DT_F32, m * k, k, R_OUT);
+        keel_contract_ecase_add(c, KEEL_DT_BF16, m * k, k, R_OUT), keel_contract_ecase_add(c, KEEL_DT_F32, m * n, n, R_OUT);
+        break;
     case K_MATVEC_F: /* n outputs over k, BF16 weights */
         keel_contract_ecase_add(c, KEEL_DT_BF16, n * k, 0, R_IN), keel_contract_ecase_add(c, KEEL_DT_F32, m * k, k, R_IN), keel_contract_ecase_add(c, KEEL_DT_F32, m * n, n, R_OUT);
         break;

@@ -23,7 +23,7 @@ const char *const keel_contract_cuda_engine_entries[] = {
     "keel_ecu_embed", "keel_ecu_rmsnorm", "keel_ecu_add_rmsnorm", "keel_ecu_add_bias", "keel_ecu_matvec",
     "keel_ecu_conv",  "keel_ecu_ssm",     "keel_ecu_gate_norm",   "keel_ecu_route",
     "keel_ecu_argmax", "keel_ecu_matvec_routed", "keel_ecu_combine", "keel_ecu_route_union", "keel_ecu_router", "keel_ecu_mamba_step",
-    "keel_ecu_route_window", NULL};
+    "keel_ecu_route_window", "keel_ecu_matvec_norm", NULL};
 
 #if !defined(KEEL_HAVE_CUDA)
 int keel_contract_register_cuda_engine(keel_contract_table *t) {
@@ -71,8 +71,8 @@ static bool fetch(const keel_contract_backend *be, const ecase *c, int i, void *
 typedef struct ekernel {
     void (*embed)(const keel_cuda_qw *, const int *, int, float *, void *);
     void (*rmsnorm)(const float *, int, const keel_ecu_vec *, int, int, float, float *, uint16_t *, int, void *);
-    void (*add_rmsnorm)(float *, const float *, const float *, const keel_ecu_vec *, const keel_ecu_vec *, int, int,
-                        float, float *, uint16_t *, void *);
+    void (*add_rmsnorm)(float *, const float *, const float *, const float *, const keel_ecu_vec *,
+                        const keel_ecu_vec *, int, int, float, float *, uint16_t *, void *);
     void (*add_bias)(float *, int, int, int, const keel_ecu_vec *, void *);
     void (*matvec)(const keel_cuda_qw *, const void *, keel_dtype, int, void *, keel_dtype, keel_epilogue, void *);
     void (*conv)(const float *, int, int, float *, const keel_ecu_vec *, const keel_ecu_vec *, int, int, int, float *,
@@ -95,12 +95,15 @@ typedef struct ekernel {
                        const keel_ecu_vec *, float, float *, float *, unsigned *, uint16_t *, float *, void *);
     void (*route_window)(const float *, const keel_ecu_vec *, int, int, int, int, bool, float, int, keel_cuda_route *,
                          float *, int *, int, keel_cuda_route *, float *, void *);
+    void (*matvec_norm)(const keel_cuda_qw *, float *, const float *, const float *, const float *,
+                        const keel_ecu_vec *, const keel_ecu_vec *, int, float, float *, uint16_t *, float *, void *);
 } ekernel;
 
 static const ekernel REAL = {keel_ecu_embed, keel_ecu_rmsnorm, keel_ecu_add_rmsnorm, keel_ecu_add_bias,
                              keel_ecu_matvec, keel_ecu_conv, keel_ecu_ssm, keel_ecu_gate_norm,
                              keel_ecu_route, keel_ecu_argmax, keel_ecu_matvec_routed, keel_ecu_combine,
-                             keel_ecu_route_union, keel_ecu_router, keel_ecu_mamba_step, keel_ecu_route_window};
+                             keel_ecu_route_union, keel_ecu_router, keel_ecu_mamba_step, keel_ecu_route_window,
+                             keel_ecu_matvec_norm};
 static const ekernel TWIN = {keel_contract_twin_ecu_embed, keel_contract_twin_ecu_rmsnorm,
                              keel_contract_twin_ecu_add_rmsnorm, keel_contract_twin_ecu_add_bias,
                              keel_contract_twin_ecu_matvec, keel_contract_twin_ecu_conv, keel_contract_twin_ecu_ssm,
@@ -108,7 +111,8 @@ static const ekernel TWIN = {keel_contract_twin_ecu_embed, keel_contract_twin_ec
                              keel_contract_twin_ecu_route, keel_contract_twin_ecu_argmax,
                              keel_contract_twin_ecu_matvec_routed, keel_contract_twin_ecu_combine,
                              keel_contract_twin_ecu_route_union, keel_contract_twin_ecu_router,
-                             keel_contract_twin_ecu_mamba_step, keel_contract_twin_ecu_route_window};
+                             keel_contract_twin_ecu_mamba_step, keel_contract_twin_ecu_route_window,
+                             keel_contract_twin_ecu_matvec_norm};
 
 static keel_ecu_vec vec(const ecase *c, int i) {
     return (keel_ecu_vec){dptr(&c->b[i]), c->b[i].dt, (int)c->b[i].n};
@@ -132,7 +136,13 @@ static void launch_with(const ekernel *K, const ecase *c) {
     }
     case K_ADDNORM: {
         keel_ecu_vec bias = vec(c, 3), w = vec(c, 4);
-        K->add_rmsnorm(p[0], p[1], p[2], &bias, &w, m, n, 1e-5f, p[5], p[6], NULL);
+        K->add_rmsnorm(p[0], p[0], p[1], p[2], &bias, &w, m, n, 1e-5f, p[5], p[6], NULL);
+        break;
+    }
+    case K_NORMMV: {
+        keel_ecu_vec bias = vec(c, 3), w = vec(c, 4);
+        keel_cuda_qw W = {p[5], NULL, NULL, n, k, 0, 0, KEEL_DT_BF16, 0, 0, 0};
+        K->matvec_norm(&W, p[6], p[0], p[1], p[2], &bias, &w, m, 1e-5f, p[7], p[8], p[9], NULL);
         break;
     }
     case K_ADDBIAS: {
@@ -238,6 +248,19 @@ static void launch_router_sequence(const keel_contract_reg *reg, const keel_cont
     route_then_union(c, 3, R_K1, p + 4);
 }
 
+/* The sequence the fused norm and matvec replaces: add_rmsnorm (out of place), then the fp32 matvec of its fp32 rows
+ * (gate 4). */
+static void launch_normmv_sequence(const keel_contract_reg *reg, const keel_contract_args *a) {
+    (void)reg;
+    const ecase *c = a->x;
+    void *p[MAXB];
+    for (int i = 0; i < c->nb; i++) p[i] = dptr(&c->b[i]);
+    keel_ecu_vec bias = vec(c, 3), w = vec(c, 4);
+    keel_ecu_add_rmsnorm(p[6], p[0], p[1], p[2], &bias, &w, c->m, c->k, 1e-5f, p[7], p[8], NULL);
+    keel_cuda_qw W = {p[5], NULL, NULL, c->n, c->k, 0, 0, KEEL_DT_BF16, 0, 0, 0};
+    keel_ecu_matvec(&W, p[7], KEEL_DT_F32, c->m, p[9], KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+}
+
 /* The sequence the route window replaces: route, route_union as two launches (gate 4). */
 static void launch_rwin_sequence(const keel_contract_reg *reg, const keel_contract_args *a) {
     (void)reg;
@@ -260,6 +283,10 @@ static keel_contract_launch_fn sequence_of(int kind, const char **what) {
     if (kind == K_RWIN) {
         *what = "route window vs route, route_union";
         return launch_rwin_sequence;
+    }
+    if (kind == K_NORMMV) {
+        *what = "fused norm and matvec vs add_rmsnorm, matvec";
+        return launch_normmv_sequence;
     }
     return NULL;
 }
@@ -409,7 +436,35 @@ static bool check_mamba(const ecase *c, void **outs, keel_contract_gate_result *
     return ok;
 }
 
+/* The add-norm stage of the fused norm and matvec: c's inputs 0..4 (x, a, b, bias, w) as an add_rmsnorm case, its
+ * outputs x, yf, yb checked against add_rmsnorm's float64 reference and bound. */
+static bool check_addnorm_stage(const ecase *c, void *xo, void *yf, void *yb, keel_contract_gate_result *gr) {
+    ecase an = {.kind = K_ADDNORM, .m = c->m, .n = c->k};
+    keel_contract_ecase_layout(&an);
+    for (int i = 0; i < 5; i++) memcpy(an.b[i].h, c->b[i].h, bytes_of(&c->b[i]));
+    void *o_an[MAXB] = {0};
+    o_an[0] = xo, o_an[5] = yf, o_an[6] = yb;
+    const bool ok = check_ref(&an, o_an, gr);
+    keel_contract_ecase_free(&an);
+    return ok;
+}
+
+/* Gate 3 of the fused norm and matvec, stage by stage: the add and norm against add_rmsnorm's float64 reference, then
+ * the logits against the float64 matvec of the fp32 rows it computed. */
+static bool check_normmv(const ecase *c, void **outs, keel_contract_gate_result *gr) {
+    bool ok = check_addnorm_stage(c, outs[6], outs[7], outs[8], gr);
+    ecase mv = {.kind = K_MATVEC_F, .m = c->m, .n = c->n, .k = c->k};
+    keel_contract_ecase_layout(&mv);
+    memcpy(mv.b[0].h, c->b[5].h, bytes_of(&c->b[5])), memcpy(mv.b[1].h, outs[7], bytes_of(&mv.b[1]));
+    void *o_mv[MAXB] = {0};
+    o_mv[2] = outs[9];
+    ok = ok && check_ref(&mv, o_mv, gr);
+    keel_contract_ecase_free(&mv);
+    return ok;
+}
+
 static bool check_ref(const ecase *c, void **outs, keel_contract_gate_result *gr) {
+    if (c->kind == K_NORMMV) return check_normmv(c, outs, gr);
     if (c->kind == K_ROUTER) return check_router(c, outs, gr);
     if (c->kind == K_MAMBA) return check_mamba(c, outs, gr);
     if (c->kind == K_RWIN) return check_rwin(c, outs, gr);
@@ -617,6 +672,8 @@ int keel_contract_register_cuda_engine(keel_contract_table *t) {
         {K_UNION, "route-union/k6", "keel_ecu_route_union", 2, {{16, R_K1, 1, 8}, {128, R_K1, 9, 20}}, twin_ORDER, "descending-order", 3},
         {K_RWIN, "route-window/k6", "keel_ecu_route_window", 3, {{16, R_K1, 1, 8}, {128, R_K1, 9, 20}, {300, R_K1, 1, 10}},
          twin_ORDER, "descending-order", 3},
+        {K_NORMMV, "add-rmsnorm-matvec/float/bf16", "keel_ecu_matvec_norm", 3,
+         {{16, 64, 1, 3}, {128, 1024, 1, 8}, {8, 5120, 1, 2}}, twin_NOBIAS, "bias-dropped", 3},
     };
     int added = 0;
     for (size_t i = 0; i < sizeof S / sizeof S[0]; i++) {

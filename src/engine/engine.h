@@ -190,6 +190,10 @@ void keel_cuda_engine_set_fused_router(keel_cuda_engine *e, bool on);
 /* With the router in separate launches: top-k and the groups' unions as one launch (default) or two; the same bits. */
 void keel_cuda_engine_set_route_window(keel_cuda_engine *e, bool on);
 #define KEEL_CUDA_ENGINE_ROUTE_WINDOW_DEFAULT 1
+/* The residual add and norm before a MoE layer in its router's matvec (default) or as a launch of its own; the same
+ * bits. */
+void keel_cuda_engine_set_fused_norm(keel_cuda_engine *e, bool on);
+#define KEEL_CUDA_ENGINE_FUSED_NORM_DEFAULT 1
 /* Mamba's decode step (conv, scan, gated norm) as one launch or three (default); the same bits. */
 void keel_cuda_engine_set_fused_mamba(keel_cuda_engine *e, bool on);
 #define KEEL_CUDA_ENGINE_FUSED_MAMBA_DEFAULT 0

@@ -327,7 +327,7 @@ static void test_live_symbols(void **st) {
         seen[n_seen++] = fn;
         n_engine += strstr(k[i].source, "src/engine/cuda/") != NULL;
     }
-    assert_int_equal(n_engine, 22); /* kernels.cu 15, attn.cu 5 (three tile widths), scan.cu 1, sample.cu 1 */
+    assert_int_equal(n_engine, 23); /* kernels.cu 16, attn.cu 5 (three tile widths), scan.cu 1, sample.cu 1 */
     assert_null(keel_audit_live_fn("no_such_kernel"));
     assert_null(keel_audit_live_fn(NULL));
 #else

@@ -67,9 +67,14 @@ void keel_ecu_embed(const keel_cuda_qw *t, const int *tok, int m, float *x, void
 /* Row-wise RMSNorm of x (m, n; row stride ldx) times w into yf (fp32, stride ldy) and/or yb (bf16, stride ldy). */
 void keel_ecu_rmsnorm(const float *x, int ldx, const keel_ecu_vec *w, int m, int n, float eps, float *yf,
                       uint16_t *yb, int ldy, void *st);
-/* x += (a [+ b] [+ bias]) row by row, then, with w, the RMSNorm of the new x into yf / yb (stride n). */
-void keel_ecu_add_rmsnorm(float *x, const float *a, const float *b, const keel_ecu_vec *bias, const keel_ecu_vec *w,
-                          int m, int n, float eps, float *yf, uint16_t *yb, void *st);
+/* xo = x + (a [+ b] [+ bias]) row by row (xo may be x), then, with w, the RMSNorm of xo into yf / yb (stride n). */
+void keel_ecu_add_rmsnorm(float *xo, const float *x, const float *a, const float *b, const keel_ecu_vec *bias,
+                          const keel_ecu_vec *w, int m, int n, float eps, float *yf, uint16_t *yb, void *st);
+/* keel_ecu_add_rmsnorm (xo never x; yf required), then keel_ecu_matvec of yf (F32) into y (m, W->n, F32), in one
+ * launch where the rows fit a block's shared memory, else as those two: the same bits either way. */
+void keel_ecu_matvec_norm(const keel_cuda_qw *W, float *xo, const float *x, const float *a, const float *b,
+                          const keel_ecu_vec *bias, const keel_ecu_vec *w, int m, float eps, float *yf, uint16_t *yb,
+                          float *y, void *st);
 /* y (m, n; stride ld) += bias. */
 void keel_ecu_add_bias(float *y, int m, int n, int ld, const keel_ecu_vec *b, void *st);
 /* y (m, n) = epi(x (m, k) . dequant(W)^T) in fp32 arithmetic (router, float matrices): per group
@@ -189,9 +194,12 @@ void keel_contract_twin_ecu_arm(int fault);
 void keel_contract_twin_ecu_embed(const keel_cuda_qw *t, const int *tok, int m, float *x, void *st);
 void keel_contract_twin_ecu_rmsnorm(const float *x, int ldx, const keel_ecu_vec *w, int m, int n, float eps, float *yf,
                                     uint16_t *yb, int ldy, void *st);
-void keel_contract_twin_ecu_add_rmsnorm(float *x, const float *a, const float *b, const keel_ecu_vec *bias,
-                                        const keel_ecu_vec *w, int m, int n, float eps, float *yf, uint16_t *yb,
-                                        void *st);
+void keel_contract_twin_ecu_add_rmsnorm(float *xo, const float *x, const float *a, const float *b,
+                                        const keel_ecu_vec *bias, const keel_ecu_vec *w, int m, int n, float eps,
+                                        float *yf, uint16_t *yb, void *st);
+void keel_contract_twin_ecu_matvec_norm(const keel_cuda_qw *W, float *xo, const float *x, const float *a,
+                                        const float *b, const keel_ecu_vec *bias, const keel_ecu_vec *w, int m,
+                                        float eps, float *yf, uint16_t *yb, float *y, void *st);
 void keel_contract_twin_ecu_add_bias(float *y, int m, int n, int ld, const keel_ecu_vec *b, void *st);
 void keel_contract_twin_ecu_matvec(const keel_cuda_qw *W, const void *x, keel_dtype xdt, int m, void *y,
                                    keel_dtype ydt, keel_epilogue epi, void *st);

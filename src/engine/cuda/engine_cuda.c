@@ -80,6 +80,12 @@ struct keel_cuda_engine {
     bool fused_router; /* keel_cuda_engine_set_fused_router */
     bool fused_mamba;  /* keel_cuda_engine_set_fused_mamba */
     bool route_window; /* keel_cuda_engine_set_route_window */
+    bool fused_norm;   /* keel_cuda_engine_set_fused_norm */
+    struct {           /* the add and norm the next layer's launches take in (run_window) */
+        bool on;
+        const float *a, *b;
+        const keel_ecu_vec *bias, *w;
+    } pend;
     unsigned *mcnt;    /* (n_groups) the fused Mamba step's arrival counters, zero between launches */
     void *graph;   /* the captured one-token decode step, or NULL */
     bool graphs;   /* decode steps replay the captured graph (on by default) */
@@ -96,7 +102,9 @@ struct keel_cuda_engine {
     float *kn, *vn;        /* (WIN, kvd) this window's k and v before they enter the cache */
     float *ascratch;       /* attention's split-K partials */
     void *sscratch;        /* the sampler's scratch */
-    float *x, *xnf, *mix, *mix2, *proj, *xbc, *ymid, *router, *rweights, *logits, *hin, *catf;
+    float *x;                   /* (ROWS, hidden) the residual: one of xr[2], the other the next layer's */
+    float *xr[2];
+    float *xnf, *mix, *mix2, *proj, *xbc, *ymid, *router, *rweights, *logits, *hin, *catf;
     float *midf, *hexpf, *yexp; /* fp32 activations mode */
     bool f32;                   /* activations into the matrices in fp32 (the fp32 matvec) instead of bf16 tiles */
     uint16_t *xnb, *midb, *hexp, *catb;
@@ -285,7 +293,8 @@ static void layout(keel_cuda_engine *e, carve *c) {
     e->ascratch = take(c, keel_ecu_attn_scratch_max_bytes(ROWS, KEEL_MAX(g->n_head, 1), KEEL_MAX(g->head_dim, 1), (int)ctx));
     e->sscratch = take(c, keel_ecu_sample_scratch_bytes(g->vocab));
     e->sel = take(c, ROWS * K * sizeof(int));
-    e->x = take(c, ROWS * H * fl);
+    e->xr[0] = e->x = take(c, ROWS * H * fl);
+    e->xr[1] = take(c, ROWS * H * fl);
     e->xnf = take(c, ROWS * H * fl);
     e->xnb = take(c, ROWS * H * bf);
     e->mix = take(c, ROWS * H * fl);
@@ -370,6 +379,7 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     e->st = keel_ecu_stream_new();
     e->side = keel_ecu_stream_new();
     e->side_mode = KEEL_CUDA_ENGINE_SIDE_DEFAULT;
+    e->fused_norm = KEEL_CUDA_ENGINE_FUSED_NORM_DEFAULT;
     e->fused_router = KEEL_CUDA_ENGINE_FUSED_ROUTER_DEFAULT; /* both fusions are slower than their three launches */
     e->route_window = KEEL_CUDA_ENGINE_ROUTE_WINDOW_DEFAULT;
     e->fused_mamba = KEEL_CUDA_ENGINE_FUSED_MAMBA_DEFAULT;   /* in the decode graph (docs/performance.md) */
@@ -518,6 +528,11 @@ void keel_cuda_engine_set_route_window(keel_cuda_engine *e, bool on) {
     e->route_window = on;
 }
 
+void keel_cuda_engine_set_fused_norm(keel_cuda_engine *e, bool on) {
+    if (on != e->fused_norm) drop_graph(e);
+    e->fused_norm = on;
+}
+
 void keel_cuda_engine_set_fused_router(keel_cuda_engine *e, bool on) {
     if (on != e->fused_router) drop_graph(e);
     e->fused_router = on;
@@ -579,6 +594,34 @@ static void join_side(keel_cuda_engine *e, void *side) {
     if (side == e->st) return;
     keel_ecu_event_record(e->join, side);
     keel_ecu_stream_wait(e->st, e->join);
+}
+
+/* ---- the add and norm between layers, taken into the next MoE layer's router matvec ---- */
+
+/* The residual buffer the pending add writes: the one x is not. */
+static float *x_next(const keel_cuda_engine *e) { return e->x == e->xr[0] ? e->xr[1] : e->xr[0]; }
+
+/* The pending add and norm as add_rmsnorm of its own (into xnf and xnb), for a layer that does not take it in. */
+static void flush_norm(keel_cuda_engine *e, int m) {
+    if (!e->pend.on) return;
+    float *xo = x_next(e);
+    fam_begin(e, KEEL_CUF_NORM);
+    keel_ecu_add_rmsnorm(xo, e->x, e->pend.a, e->pend.b, e->pend.bias, e->pend.w, m, e->cfg->hidden, e->cfg->norm_eps,
+                         e->xnf, e->xnb, e->st);
+    fam_end(e);
+    e->x = xo;
+    e->pend.on = false;
+}
+
+/* Every launch that takes the pending norm in is queued: the residual is the buffer they wrote. */
+static void took_norm(keel_cuda_engine *e) {
+    e->x = x_next(e);
+    e->pend.on = false;
+}
+
+/* Whether layer L's first launch takes the pending norm in: the router's matvec of a MoE layer (bf16 activations). */
+static bool takes_norm(const keel_cuda_engine *e, const dlayer *L) {
+    return e->fused_norm && !e->f32 && L->kind == KEEL_MIXER_MOE && !e->fused_router;
 }
 
 static void mamba(keel_cuda_engine *e, const dmamba *w, int slot, int m) {
@@ -645,16 +688,24 @@ static void moe(keel_cuda_engine *e, const dmoe *w, int m) {
     const int H = g->hidden, K = g->top_k, E = g->n_experts;
     const int cap = KEEL_MIN(E, WIN * K);
     void *side = e->st;
+    const bool took = e->pend.on; /* the router's matvec takes the norm in, then the shared expert forks */
+    if (took) {
+        fam_begin(e, KEEL_CUF_ROUTER);
+        keel_ecu_matvec_norm(&w->gate, x_next(e), e->x, e->pend.a, e->pend.b, e->pend.bias, e->pend.w, m, g->norm_eps,
+                             e->xnf, e->xnb, e->router, e->st);
+        fam_end(e);
+        took_norm(e);
+    }
     if (g->n_shared > 0) {
         side = fork_side(e);
         mlp_on(e, side, &w->shared, m, e->mix2);
     }
     fam_begin(e, KEEL_CUF_ROUTER); /* logits, top-k, then the 8-row groups' unions */
-    if (!e->f32 && e->fused_router && w->gate.bits == 0) { /* the three in one launch */
+    if (!took && !e->f32 && e->fused_router && w->gate.bits == 0) { /* the three in one launch */
         keel_ecu_router(&w->gate, e->xnf, m, e->router, &w->corr, K, g->n_group, g->topk_group, g->norm_topk_prob,
                         g->routed_scaling, e->items1, e->rw1, e->sel, cap, e->items, e->rweights, e->st);
     } else {
-        keel_ecu_matvec(&w->gate, e->xnf, KEEL_DT_F32, m, e->router, KEEL_DT_F32, KEEL_EPI_NONE, e->st);
+        if (!took) keel_ecu_matvec(&w->gate, e->xnf, KEEL_DT_F32, m, e->router, KEEL_DT_F32, KEEL_EPI_NONE, e->st);
         if (!e->f32 && e->route_window) { /* top-k and the unions in one launch */
             keel_ecu_route_window(e->router, &w->corr, E, K, g->n_group, g->topk_group, g->norm_topk_prob,
                                   g->routed_scaling, m, e->items1, e->rw1, e->sel, cap, e->items, e->rweights, e->st);
@@ -689,12 +740,12 @@ static const keel_ecu_vec *next_norm(const keel_cuda_engine *e, int l) {
     return l + 1 < e->cfg->n_layer ? &e->layers[l + 1].norm : &e->norm_f;
 }
 
-/* One window of m rows from e->pos: leaves the hidden after norm_f in xnf (fp32) and xnb (bf16). */
 /* One window of m rows whose tokens are in e->tok and whose first position is in e->dpos[0] (device memory, so a
  * captured step replays at any position). Leaves the hidden after norm_f in xnf (fp32) and xnb (bf16). */
 static void run_window(keel_cuda_engine *e, int m) {
     const keel_config *g = e->cfg;
     const int H = g->hidden, kvd = g->n_kv_head * g->head_dim;
+    e->pend.on = false;
     fam_begin(e, KEEL_CUF_EMBED);
     keel_ecu_embed(&e->embed, e->tok, m, e->x, e->st);
     fam_end(e);
@@ -705,6 +756,7 @@ static void run_window(keel_cuda_engine *e, int m) {
         const dlayer *L = &e->layers[l];
         const float *b = NULL;
         const keel_ecu_vec *bias = NULL;
+        if (!takes_norm(e, L)) flush_norm(e, m);
         switch (L->kind) {
         case KEEL_MIXER_MAMBA:
             mamba(e, &L->mamba, e->slot[l], m);
@@ -722,10 +774,10 @@ static void run_window(keel_cuda_engine *e, int m) {
             if (g->n_shared > 0) b = e->mix2;
             break;
         }
-        fam_begin(e, KEEL_CUF_NORM);
-        keel_ecu_add_rmsnorm(e->x, e->mix, b, bias, next_norm(e, l), m, H, g->norm_eps, e->xnf, e->xnb, e->st);
-        fam_end(e);
+        e->pend.on = true; /* the add and the next norm, for the next layer's launches to take in */
+        e->pend.a = e->mix, e->pend.b = b, e->pend.bias = bias, e->pend.w = next_norm(e, l);
     }
+    flush_norm(e, m);
 }
 
 /* Queues the window's tokens and positions (from pageable memory: the copy is staged before this returns). */
@@ -808,11 +860,11 @@ keel_code keel_cuda_engine_mtp(keel_cuda_engine *e, const float *h, const int *n
         fam_end(e);
         attention(e, &e->mtp.attn, e->mtp_k, e->mtp_v, e->dpos + 2, m);
         fam_begin(e, KEEL_CUF_NORM);
-        keel_ecu_add_rmsnorm(e->x, e->mix, NULL, &e->mtp.attn.ob, &e->mtp.norm1, m, H, g->norm_eps, e->xnf, e->xnb, e->st);
+        keel_ecu_add_rmsnorm(e->x, e->x, e->mix, NULL, &e->mtp.attn.ob, &e->mtp.norm1, m, H, g->norm_eps, e->xnf, e->xnb, e->st);
         fam_end(e);
         moe(e, &e->mtp.moe, m);
         fam_begin(e, KEEL_CUF_NORM);
-        keel_ecu_add_rmsnorm(e->x, e->mix, g->n_shared > 0 ? e->mix2 : NULL, NULL, &e->mtp.final_norm, m, H,
+        keel_ecu_add_rmsnorm(e->x, e->x, e->mix, g->n_shared > 0 ? e->mix2 : NULL, NULL, &e->mtp.final_norm, m, H,
                              g->norm_eps, e->xnf, e->xnb, e->st);
         fam_end(e);
         e->mtp_pos += m;

@@ -29,6 +29,7 @@ __device__ int g_plant;
 #endif
 
 constexpr int kNormThreads = 256;
+constexpr size_t kMatvecNormSmem = 47 * 1024; /* matvec_norm_kernel's rows at most: with its 1 KB static, 48 KB (no opt-in) */
 
 __device__ __forceinline__ float ld_dt(const void *p, int dt, long long i) {
     if (dt == KEEL_DT_BF16) return kp_bf16_to_f32(((const uint16_t *)p)[i]);
@@ -138,76 +139,84 @@ constexpr int kNormRegs = 8; /* RDNA holds 128 VGPRs a lane at this block size: 
 constexpr int kNormRegs = 16; /* a row of up to kNormRegs * kNormThreads elements is held in registers */
 #endif
 
-__global__ void add_rmsnorm_kernel(float *__restrict__ x, const float *__restrict__ a, const float *__restrict__ b,
-                                   DVec bias, DVec w, int n, float eps, float *__restrict__ yf,
-                                   uint16_t *__restrict__ yb) {
+/* Row r of the residual add and RMSNorm held in registers (n <= kNormRegs * kNormThreads, kNormThreads threads):
+ * v = x + ((a [+ b]) [+ bias]), then with w the norm of v times w. With `store` v goes to xo (may be x: each thread
+ * reads its elements before it writes them) and the norm to yf / yb; with keep the norm goes to keep (fp32) too.
+ * The model's weights load before the grid wait, then every load of the row at once (one round trip). */
+__device__ __forceinline__ void add_norm_regs(long long r, float *xo, const float *x, const float *a, const float *b,
+                                              DVec bias, DVec w, int n, float eps, float *yf, uint16_t *yb,
+                                              float *keep, bool store, float *buf) {
+    float v[kNormRegs], wv[kNormRegs], bv[kNormRegs];
+#pragma unroll
+    for (int j = 0; j < kNormRegs; j++) { /* the model's weights first: no kernel writes them */
+        const int i = threadIdx.x + j * kNormThreads;
+        wv[j] = w.n && i < n ? vget(w, i) : 0.0f;
+        bv[j] = bias.n && i < n ? vget(bias, i) : 0.0f;
+    }
+    kp_grid_wait(); /* x, a and b are the previous kernels' */
+    float av[kNormRegs], ov[kNormRegs];
+#pragma unroll
+    for (int j = 0; j < kNormRegs; j++) { /* loads only: no use between them, so all are in flight at once */
+        const int i = threadIdx.x + j * kNormThreads;
+        v[j] = i < n ? x[r * n + i] : 0.0f;
+        av[j] = i < n ? a[r * n + i] : 0.0f;
+        ov[j] = b && i < n ? b[r * n + i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kNormRegs; j++) {
+        const int i = threadIdx.x + j * kNormThreads;
+        if (i < n) {
+            float t = av[j];
+            if (b) t = __fadd_rn(t, ov[j]);
+            if (bias.n && !PLANTED(KEEL_ECU_PLANT_NOBIAS)) t = __fadd_rn(t, bv[j]);
+            v[j] = __fadd_rn(v[j], t);
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNormRegs; j++) {
+        const int i = threadIdx.x + j * kNormThreads;
+        if (i < n) {
+            if (store) xo[r * n + i] = v[j];
+            ss = __fadd_rn(ss, __fmul_rn(v[j], v[j]));
+        }
+    }
+    if (!w.n) return;
+    ss = block_sum(ss, buf);
+    const float inv = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
+    float *of = store && yf ? yf + r * n : nullptr;
+    uint16_t *ob = store && yb ? yb + r * n : nullptr;
+#pragma unroll
+    for (int j = 0; j < kNormRegs; j++) {
+        const int i = threadIdx.x + j * kNormThreads;
+        if (i < n) {
+            const float t = __fmul_rn(__fmul_rn(v[j], inv), wv[j]);
+            if (of) of[i] = t;
+            if (ob) ob[i] = kp_f32_to_bf16(t);
+            if (keep) keep[i] = t;
+        }
+    }
+}
+
+__global__ void add_rmsnorm_kernel(float *xo, const float *x, const float *__restrict__ a,
+                                   const float *__restrict__ b, DVec bias, DVec w, int n, float eps,
+                                   float *__restrict__ yf, uint16_t *__restrict__ yb) {
     __shared__ float buf[kNormThreads];
     kp_grid_release(); /* a stream tile after this may start its weight prefetch */
     const long long r = blockIdx.x;
-    float *xr = x + r * n;
     if (n <= kNormRegs * kNormThreads && blockDim.x == kNormThreads) {
-        /* every load of the row first (one round trip, not one per element), then the same sums in the same order
-         * as the loop below */
-        float v[kNormRegs], wv[kNormRegs], bv[kNormRegs];
-#pragma unroll
-        for (int j = 0; j < kNormRegs; j++) { /* the model's weights first: no kernel writes them */
-            const int i = threadIdx.x + j * kNormThreads;
-            wv[j] = w.n && i < n ? vget(w, i) : 0.0f;
-            bv[j] = bias.n && i < n ? vget(bias, i) : 0.0f;
-        }
-        kp_grid_wait(); /* x, a and b are the previous kernels' */
-        float av[kNormRegs], ov[kNormRegs];
-#pragma unroll
-        for (int j = 0; j < kNormRegs; j++) { /* loads only: no use between them, so all are in flight at once */
-            const int i = threadIdx.x + j * kNormThreads;
-            v[j] = i < n ? xr[i] : 0.0f;
-            av[j] = i < n ? a[r * n + i] : 0.0f;
-            ov[j] = b && i < n ? b[r * n + i] : 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < kNormRegs; j++) {
-            const int i = threadIdx.x + j * kNormThreads;
-            if (i < n) {
-                float t = av[j];
-                if (b) t = __fadd_rn(t, ov[j]);
-                if (bias.n && !PLANTED(KEEL_ECU_PLANT_NOBIAS)) t = __fadd_rn(t, bv[j]);
-                v[j] = __fadd_rn(v[j], t);
-            }
-        }
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kNormRegs; j++) {
-            const int i = threadIdx.x + j * kNormThreads;
-            if (i < n) {
-                xr[i] = v[j];
-                ss = __fadd_rn(ss, __fmul_rn(v[j], v[j]));
-            }
-        }
-        if (!w.n) return;
-        ss = block_sum(ss, buf);
-        const float inv = 1.0f / sqrtf(__fadd_rn(ss / (float)n, eps));
-        float *of = yf ? yf + r * n : nullptr;
-        uint16_t *ob = yb ? yb + r * n : nullptr;
-#pragma unroll
-        for (int j = 0; j < kNormRegs; j++) {
-            const int i = threadIdx.x + j * kNormThreads;
-            if (i < n) {
-                const float t = __fmul_rn(__fmul_rn(v[j], inv), wv[j]);
-                if (of) of[i] = t;
-                if (ob) ob[i] = kp_f32_to_bf16(t);
-            }
-        }
+        add_norm_regs(r, xo, x, a, b, bias, w, n, eps, yf, yb, nullptr, true, buf);
         return;
     }
     kp_grid_wait();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) { /* the same sums in the same order as add_norm_regs */
         float t = a[r * n + i];
         if (b) t = __fadd_rn(t, b[r * n + i]);
         if (bias.n && !PLANTED(KEEL_ECU_PLANT_NOBIAS)) t = __fadd_rn(t, vget(bias, i));
-        xr[i] = __fadd_rn(xr[i], t);
+        xo[r * n + i] = __fadd_rn(x[r * n + i], t);
     }
     __syncthreads();
-    if (w.n) norm_row(xr, w, n, eps, yf ? yf + r * n : nullptr, yb ? yb + r * n : nullptr, buf);
+    if (w.n) norm_row(xo + r * n, w, n, eps, yf ? yf + r * n : nullptr, yb ? yb + r * n : nullptr, buf);
 }
 
 __global__ void add_bias_kernel(float *y, int m, int n, int ld, DVec b) {
@@ -285,9 +294,30 @@ __device__ __forceinline__ float units_dot(const uint32_t *rw, long long go, con
     return acc;
 }
 
-/* One output of the fp32 matvec per warp (warp = item * n + output). NB: a float matrix's elements a lane loads before
- * it adds any (1 for the plain matvec; more for the fused router, whose surrounding code otherwise leaves each load
- * one round trip); the same sums in the same order, so the same bits, whatever NB. */
+constexpr int kVecLoads = 12; /* a lane's 16-byte weight loads in flight: rows of up to 3072 in one batch */
+
+/* Whether a float matrix's rows take the vector path: BF16 weights, k a multiple of 8, weights and x 16-byte aligned. */
+__device__ __forceinline__ bool vec_rows(const QW &W, const void *x) {
+    return W.sdt == KEEL_DT_BF16 && (W.k & 7) == 0 && (((uintptr_t)W.w | (uintptr_t)x) & 15) == 0;
+}
+
+/* x[i .. i + 8) as fp32 (x fp32 or bf16; i a multiple of 8). */
+__device__ __forceinline__ void x_vec8(const void *x, int x_bf16, long long i, float out[8]) {
+    if (x_bf16) {
+        const uint4 h = *(const uint4 *)((const uint16_t *)x + i);
+        const uint32_t u[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+        for (int e = 0; e < 8; e++) out[e] = __uint_as_float(e & 1 ? u[e >> 1] & 0xffff0000u : u[e >> 1] << 16);
+    } else {
+        const float4 a = *(const float4 *)((const float *)x + i), b = *((const float4 *)((const float *)x + i) + 1);
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    }
+}
+
+/* One output of the fp32 matvec per warp (warp = item * n + output). Float matrices whose rows take the vector path
+ * (vec_rows: a function of the matrix and x only, never of m) sum 8-element vectors; others element by element, NB
+ * elements a lane loaded before it adds any (1 for the plain matvec, more for the fused router); the same sums in the
+ * same order, so the same bits, whatever NB. */
 template <int NB>
 __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const void *x, int x_bf16, int m, void *y,
                                             int y_bf16, int epi, int warp, int lane) {
@@ -298,8 +328,34 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
     const long long ex = R.sel ? R.sel[it] : 0;
     const long long xo = (long long)xr * W.k;
     float acc = 0.0f;
-    if (W.bits == 0) { /* lane l sums elements l, l + 32, ... in order */
-        const long long wo = ex * R.es + (long long)o * W.k;
+    const long long wo0 = ex * R.es + (long long)o * W.k;
+    if (W.bits == 0 && vec_rows(W, x)) { /* lane l sums the 8-element vectors l, l + 32, ... in order */
+        const uint4 *wr = (const uint4 *)((const uint16_t *)W.w + wo0);
+        const int nv = W.k >> 3;
+        for (int v0 = lane; v0 < nv; v0 += 32 * kVecLoads) {
+            uint4 wv[kVecLoads];
+#pragma unroll
+            for (int j = 0; j < kVecLoads; j++) /* every weight load of the batch before the first use */
+                wv[j] = v0 + 32 * j < nv ? wr[v0 + 32 * j] : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int j = 0; j < kVecLoads; j++) {
+                const int v = v0 + 32 * j;
+                if (v < nv) { /* a predicate, not a break: the batch stays in registers */
+                    float xv[8];
+                    x_vec8(x, x_bf16, xo + 8ll * v, xv);
+                    const uint32_t u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        const float wf = __uint_as_float(e & 1 ? u[e >> 1] & 0xffff0000u : u[e >> 1] << 16);
+                        acc = __fadd_rn(acc, __fmul_rn(xv[e], wf));
+                    }
+                }
+            }
+        }
+        acc = warp_sum(acc);
+        if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && m > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-22f);
+    } else if (W.bits == 0) { /* lane l sums elements l, l + 32, ... in order */
+        const long long wo = wo0;
         for (int c0 = lane; c0 < W.k; c0 += 32 * NB) {
             float xv[NB], wv[NB];
 #pragma unroll
@@ -342,6 +398,23 @@ __global__ void matvec_kernel(QW W, Route R, const void *x, int x_bf16, int m, v
     kp_grid_enter(); /* the previous kernel done, the next may launch */
     matvec_warp<1>(W, R, x, x_bf16, m, y, y_bf16, epi, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5),
                 (int)(threadIdx.x & 31));
+}
+
+/* add_rmsnorm then the fp32 matvec in one launch (the MoE router): every block norms the m rows into shared memory
+ * (add_norm_regs: add_rmsnorm_kernel's bits), block 0 also stores them as add_rmsnorm does, then the warps' outputs
+ * as matvec_kernel on those rows. */
+__global__ void matvec_norm_kernel(QW W, float *xo, const float *x, const float *__restrict__ a,
+                                   const float *__restrict__ b, DVec bias, DVec w, float eps, float *yf,
+                                   uint16_t *yb, int m, float *y) {
+    extern __shared__ float xn[]; /* (m, k) the normed rows */
+    __shared__ float buf[kNormThreads];
+    kp_grid_release(); /* the next kernel may launch; it waits for this one's outputs */
+    for (int r = 0; r < m; r++)
+        add_norm_regs(r, xo, x, a, b, bias, w, W.k, eps, yf, yb, xn + (long long)r * W.k, blockIdx.x == 0, buf);
+    __syncthreads();
+    const Route R = {nullptr, 1, 0, 0, 0};
+    matvec_warp<1>(W, R, xn, 0, m, y, 0, KEEL_EPI_NONE, (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5),
+                   (int)(threadIdx.x & 31));
 }
 
 /* out (m, n) = sum over slots k in order of w[(r*K+k)*8] * y[(r*K+k)] (the CPU engine's slot-order sum). */
@@ -954,12 +1027,28 @@ extern "C" void KEEL_ECU_FN(rmsnorm)(const float *x, int ldx, const keel_ecu_vec
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void KEEL_ECU_FN(add_rmsnorm)(float *x, const float *a, const float *b, const keel_ecu_vec *bias,
-                                     const keel_ecu_vec *w, int m, int n, float eps, float *yf, uint16_t *yb,
-                                     void *st) {
+extern "C" void KEEL_ECU_FN(add_rmsnorm)(float *xo, const float *x, const float *a, const float *b,
+                                     const keel_ecu_vec *bias, const keel_ecu_vec *w, int m, int n, float eps,
+                                     float *yf, uint16_t *yb, void *st) {
     /* a programmatic dependent: the norm's weights load while the previous kernel finishes */
-    KP_LAUNCH(keel_ecu_pdl_on(), add_rmsnorm_kernel, dim3((unsigned)m), dim3(kNormThreads), 0, st, x, a, b, dv(bias),
-              dv(w), n, eps, yf, yb);
+    KP_LAUNCH(keel_ecu_pdl_on(), add_rmsnorm_kernel, dim3((unsigned)m), dim3(kNormThreads), 0, st, xo, x, a, b,
+              dv(bias), dv(w), n, eps, yf, yb);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void KEEL_ECU_FN(matvec_norm)(const keel_cuda_qw *W, float *xo, const float *x, const float *a,
+                                     const float *b, const keel_ecu_vec *bias, const keel_ecu_vec *w, int m,
+                                     float eps, float *yf, uint16_t *yb, float *y, void *st) {
+    KEEL_ASSERT(W && xo && x && a && w && w->n && yf && xo != x);
+    const size_t smem = (size_t)m * (size_t)W->k * sizeof(float);
+    if (W->k > kNormRegs * kNormThreads || smem > kMatvecNormSmem) { /* the two launches it stands for */
+        KEEL_ECU_FN(add_rmsnorm)(xo, x, a, b, bias, w, m, W->k, eps, yf, yb, st);
+        KEEL_ECU_FN(matvec)(W, yf, KEEL_DT_F32, m, y, KEEL_DT_F32, KEEL_EPI_NONE, st);
+        return;
+    }
+    const long long threads = (long long)m * W->n * 32;
+    KP_LAUNCH(keel_ecu_pdl_on(), matvec_norm_kernel, dim3(blocks_for(threads, kNormThreads)), dim3(kNormThreads), smem,
+              st, qw(W), xo, x, a, b, dv(bias), dv(w), eps, yf, yb, m, y);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -1101,6 +1190,7 @@ static const struct {
     {"embed_kernel", (const void *)embed_kernel},         {"rmsnorm_kernel", (const void *)rmsnorm_kernel},
     {"add_rmsnorm_kernel", (const void *)add_rmsnorm_kernel}, {"add_bias_kernel", (const void *)add_bias_kernel},
     {"matvec_kernel", (const void *)matvec_kernel},       {"combine_kernel", (const void *)combine_kernel},
+    {"matvec_norm_kernel", (const void *)matvec_norm_kernel},
     {"conv_kernel", (const void *)conv_kernel},           {"ssm_kernel", (const void *)ssm_kernel},
     {"gate_norm_kernel", (const void *)gate_norm_kernel},
     {"route_kernel", (const void *)route_kernel},         {"argmax_kernel", (const void *)argmax_kernel},

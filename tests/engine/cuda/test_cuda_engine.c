@@ -211,10 +211,11 @@ static void test_graphs_same_tokens(void **state) {
     keel_cuda_engine_free(e);
 }
 
-/* The second stream and programmatic dependent launch change scheduling only, and the fused router, the route window
- * and the fused Mamba step give the bits of the launches they replace: logits of windows and prompt chunks, MTP logits
- * and graph-replayed greedy tokens are bit-identical with the second stream off, on and at low priority, with each
- * fusion off and with dependent launch off (the engine's kernels, then the tiles too). */
+/* The second stream and programmatic dependent launch change scheduling only, and the fused router, the route window,
+ * the fused Mamba step and the norm in the router's matvec give the bits of the launches they replace: logits of
+ * windows and prompt chunks, MTP logits and graph-replayed greedy tokens are bit-identical with the second stream off,
+ * on and at low priority, with each fusion off and with dependent launch off (the engine's kernels, then the tiles
+ * too). */
 static void test_scheduling_same_bits(void **state) {
     fx *f = *state;
     const keel_config *c = &f->model.cfg;
@@ -224,10 +225,11 @@ static void test_scheduling_same_bits(void **state) {
     assert_int_equal(keel_cuda_engine_init(&e, &f->model, 128, &err), KEEL_OK);
     const size_t nl = (size_t)n * V;
     enum { NCFG = 8 };
-    static const int cfg[NCFG][6] = {{0, 0, 0, 0, 1, 1}, {1, 1, 1, 1, 1, 1}, {2, 1, 1, 1, 1, 1}, {1, 0, 1, 1, 1, 1},
-                                     {1, 1, 0, 1, 1, 1}, {1, 0, 0, 1, 1, 1}, {1, 0, 0, 1, 0, 1}, {1, 0, 0, 1, 0, 0}};
+    static const int cfg[NCFG][7] = {{0, 0, 0, 0, 1, 1, 0}, {1, 1, 1, 1, 1, 1, 1}, {2, 1, 1, 1, 1, 1, 1},
+                                     {1, 0, 1, 1, 1, 1, 1}, {1, 1, 0, 1, 1, 1, 1}, {1, 0, 0, 1, 1, 1, 1},
+                                     {1, 0, 0, 1, 0, 1, 1}, {1, 0, 0, 1, 0, 0, 1}};
     /* side, fused router, fused Mamba step, route window (top-k and unions in one launch), the engine kernels' and
-     * the stream tiles' programmatic dependent launch */
+     * the stream tiles' programmatic dependent launch, the norm in the router's matvec */
     float *logits[NCFG], *mtp[NCFG], *h = malloc((size_t)n * H * sizeof(float));
     collect toks[NCFG];
     memset(toks, 0, sizeof toks);
@@ -239,6 +241,7 @@ static void test_scheduling_same_bits(void **state) {
         keel_cuda_engine_set_fused_router(e, cfg[mode][1]);
         keel_cuda_engine_set_fused_mamba(e, cfg[mode][2]);
         keel_cuda_engine_set_route_window(e, cfg[mode][3]);
+        keel_cuda_engine_set_fused_norm(e, cfg[mode][6]);
         keel_ecu_set_pdl(cfg[mode][4]);
         keel_cuda_stream_pdl(cfg[mode][5]);
         for (int w = 0; w < 2; w++) { /* exact 8-row windows, then 64-row prompt chunks */
@@ -261,9 +264,9 @@ static void test_scheduling_same_bits(void **state) {
         assert_memory_equal(mtp[mode], mtp[0], (size_t)(n - 1) * V * sizeof(float));
         assert_memory_equal(toks[mode].ids, toks[0].ids, sizeof toks[0].ids);
     }
-    print_message("second stream off, on and at low priority, fused router, route window, Mamba step and dependent "
-                  "launches on and off: logits (8-row windows, 64-row chunks), MTP logits and 32 graph-replayed greedy "
-                  "tokens bit-identical\n");
+    print_message("second stream off, on and at low priority, fused router, route window, Mamba step, the norm in "
+                  "the router and dependent launches on and off: logits (8-row windows, 64-row chunks), MTP logits "
+                  "and 32 graph-replayed greedy tokens bit-identical\n");
     for (int mode = 0; mode < NCFG; mode++) free(logits[mode]), free(mtp[mode]);
     free(h);
     keel_cuda_engine_free(e);
@@ -387,7 +390,7 @@ static void test_carveout(void **state) {
         if (c != 100) fail_msg("%s: preferred shared-memory carveout %d%%, expected 100 (all shared)", k[i].symbol, c);
         checked++;
     }
-    assert_int_equal(checked, 22);
+    assert_int_equal(checked, 23);
     keel_cuda_engine_free(e);
 }
 #endif
