@@ -1,6 +1,7 @@
 /* contract/audit: gate-5 records, launch declarations, known findings, limit checks and comparisons. The
  * compiling half of the audit is audit_compile.c. */
 #include "audit.h"
+#include "../engine/cuda/ecuda.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -210,7 +211,7 @@ static const keel_audit_kernel kernels[] = {
     KA_ECU("route_kernel", 32),      KA_ECU("argmax_kernel", 1024),
     KA_ECU("union_kernel", 32),      KA_ECU("router_kernel", 256),    KA_ECU("mamba_step_kernel", 256),
     KA_ECU("route_window_kernel", 256),
-    {"matvec_norm_kernel", "src/engine/cuda/kernels.cu", 256, 47 * 1024, 1, 0, false}, /* its rows: kMatvecNormSmem */
+    {"matvec_norm_kernel", "src/engine/cuda/kernels.cu", 256, KEEL_ECU_MATVEC_NORM_SMEM, 1, 0, false}, /* its rows */
 #undef KA_ECU
     /* the graph-ready attention (src/engine/cuda/attn.cu): the tile kernels may use the 64 KiB of dynamic shared
      * memory their launch allows (cudaFuncSetAttribute), two blocks per SM (one on 100 KB chips) */

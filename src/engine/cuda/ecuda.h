@@ -75,6 +75,8 @@ void keel_ecu_add_rmsnorm(float *xo, const float *x, const float *a, const float
 void keel_ecu_matvec_norm(const keel_cuda_qw *W, float *xo, const float *x, const float *a, const float *b,
                           const keel_ecu_vec *bias, const keel_ecu_vec *w, int m, float eps, float *yf, uint16_t *yb,
                           float *y, void *st);
+/* keel_ecu_matvec_norm's rows in dynamic shared memory at most: with its 1 KB static, 48 KB (no opt-in needed). */
+#define KEEL_ECU_MATVEC_NORM_SMEM (47 * 1024)
 /* y (m, n; stride ld) += bias. */
 void keel_ecu_add_bias(float *y, int m, int n, int ld, const keel_ecu_vec *b, void *st);
 /* y (m, n) = epi(x (m, k) . dequant(W)^T) in fp32 arithmetic (router, float matrices): per group

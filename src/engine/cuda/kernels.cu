@@ -29,7 +29,6 @@ __device__ int g_plant;
 #endif
 
 constexpr int kNormThreads = 256;
-constexpr size_t kMatvecNormSmem = 47 * 1024; /* matvec_norm_kernel's rows at most: with its 1 KB static, 48 KB (no opt-in) */
 
 __device__ __forceinline__ float ld_dt(const void *p, int dt, long long i) {
     if (dt == KEEL_DT_BF16) return kp_bf16_to_f32(((const uint16_t *)p)[i]);
@@ -245,6 +244,23 @@ template <int B> __device__ __forceinline__ float unit_code(const uint32_t *wd, 
     return __fsub_rn(__uint_as_float((q & ((1u << B) - 1u)) | 0x4B000000u), 8388608.0f);
 }
 
+/* Eight bf16 values in one 16-byte word as fp32, in order. */
+__device__ __forceinline__ void bf16x8(uint4 h, float out[8]) {
+    const uint32_t u[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) out[2 * i] = __uint_as_float(u[i] << 16), out[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+}
+
+/* x[i .. i + 8) as fp32: one 16-byte load (bf16) or two (fp32); i a multiple of 8. */
+__device__ __forceinline__ void x_vec8(const void *x, int x_bf16, long long i, float out[8]) {
+    if (x_bf16) {
+        bf16x8(*(const uint4 *)((const uint16_t *)x + i), out);
+    } else {
+        const float4 a = *(const float4 *)((const float *)x + i), b = *((const float4 *)((const float *)x + i) + 1);
+        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    }
+}
+
 /* A lane's share of one output of the quantized matvec: for each of its 32-code units u (lane, lane + 32, ...) the
  * unit's scale*sum(x*q) + bias*sum(x), each sum as four interleaved partial sums of 8 codes added in a fixed tree,
  * units added in order. The words of the next unit are loaded before this one is used. */
@@ -268,17 +284,9 @@ __device__ __forceinline__ float units_dot(const uint32_t *rw, long long go, con
         float sxq[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         const long long x0 = xo + (long long)u * 32;
 #pragma unroll
-        for (int v = 0; v < 4; v++) { /* 8 activations a step: one 16-byte load (bf16) or two (fp32) */
+        for (int v = 0; v < 4; v++) { /* 8 activations a step */
             float xv[8];
-            if (x_bf16) {
-                const uint4 h = *((const uint4 *)((const uint16_t *)x + x0) + v);
-                const uint32_t hw[4] = {h.x, h.y, h.z, h.w};
-#pragma unroll
-                for (int i = 0; i < 4; i++) xv[2 * i] = __uint_as_float(hw[i] << 16), xv[2 * i + 1] = __uint_as_float(hw[i] & 0xffff0000u);
-            } else {
-                const float4 a = *((const float4 *)((const float *)x + x0) + 2 * v), b = *((const float4 *)((const float *)x + x0) + 2 * v + 1);
-                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-            }
+            x_vec8(x, x_bf16, x0 + 8 * v, xv);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 const int j = 8 * v + i;
@@ -301,19 +309,6 @@ __device__ __forceinline__ bool vec_rows(const QW &W, const void *x) {
     return W.sdt == KEEL_DT_BF16 && (W.k & 7) == 0 && (((uintptr_t)W.w | (uintptr_t)x) & 15) == 0;
 }
 
-/* x[i .. i + 8) as fp32 (x fp32 or bf16; i a multiple of 8). */
-__device__ __forceinline__ void x_vec8(const void *x, int x_bf16, long long i, float out[8]) {
-    if (x_bf16) {
-        const uint4 h = *(const uint4 *)((const uint16_t *)x + i);
-        const uint32_t u[4] = {h.x, h.y, h.z, h.w};
-#pragma unroll
-        for (int e = 0; e < 8; e++) out[e] = __uint_as_float(e & 1 ? u[e >> 1] & 0xffff0000u : u[e >> 1] << 16);
-    } else {
-        const float4 a = *(const float4 *)((const float *)x + i), b = *((const float4 *)((const float *)x + i) + 1);
-        out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-    }
-}
-
 /* One output of the fp32 matvec per warp (warp = item * n + output). Float matrices whose rows take the vector path
  * (vec_rows: a function of the matrix and x only, never of m) sum 8-element vectors; others element by element, NB
  * elements a lane loaded before it adds any (1 for the plain matvec, more for the fused router); the same sums in the
@@ -328,9 +323,9 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
     const long long ex = R.sel ? R.sel[it] : 0;
     const long long xo = (long long)xr * W.k;
     float acc = 0.0f;
-    const long long wo0 = ex * R.es + (long long)o * W.k;
+    const long long wo = ex * R.es + (long long)o * W.k; /* a float matrix's row */
     if (W.bits == 0 && vec_rows(W, x)) { /* lane l sums the 8-element vectors l, l + 32, ... in order */
-        const uint4 *wr = (const uint4 *)((const uint16_t *)W.w + wo0);
+        const uint4 *wr = (const uint4 *)((const uint16_t *)W.w + wo);
         const int nv = W.k >> 3;
         for (int v0 = lane; v0 < nv; v0 += 32 * kVecLoads) {
             uint4 wv[kVecLoads];
@@ -341,21 +336,15 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
             for (int j = 0; j < kVecLoads; j++) {
                 const int v = v0 + 32 * j;
                 if (v < nv) { /* a predicate, not a break: the batch stays in registers */
-                    float xv[8];
+                    float xv[8], wf[8];
                     x_vec8(x, x_bf16, xo + 8ll * v, xv);
-                    const uint32_t u[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+                    bf16x8(wv[j], wf);
 #pragma unroll
-                    for (int e = 0; e < 8; e++) {
-                        const float wf = __uint_as_float(e & 1 ? u[e >> 1] & 0xffff0000u : u[e >> 1] << 16);
-                        acc = __fadd_rn(acc, __fmul_rn(xv[e], wf));
-                    }
+                    for (int e = 0; e < 8; e++) acc = __fadd_rn(acc, __fmul_rn(xv[e], wf[e]));
                 }
             }
         }
-        acc = warp_sum(acc);
-        if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && m > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-22f);
     } else if (W.bits == 0) { /* lane l sums elements l, l + 32, ... in order */
-        const long long wo = wo0;
         for (int c0 = lane; c0 < W.k; c0 += 32 * NB) {
             float xv[NB], wv[NB];
 #pragma unroll
@@ -370,8 +359,6 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
             for (int j = 0; j < NB; j++)
                 if (c0 + 32 * j < W.k) acc = __fadd_rn(acc, __fmul_rn(xv[j], wv[j]));
         }
-        acc = warp_sum(acc);
-        if (PLANTED(KEEL_ECU_PLANT_ROWLEAK) && m > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-22f);
     } else { /* lane l takes the 32-code units l, l+32, ...; each unit is `bits` whole words */
         const uint32_t *rw = W.w + ex * R.ew + (long long)o * ((long long)W.k * W.bits / 32);
         const long long go = ex * R.es + (long long)o * (W.k / W.group);
@@ -384,8 +371,9 @@ __device__ __forceinline__ void matvec_warp(const QW &W, const Route &R, const v
         case 6: acc = units_dot<6>(rw, go, W, x, x_bf16, xo, units, lug, lane); break;
         default: acc = units_dot<8>(rw, go, W, x, x_bf16, xo, units, lug, lane); break;
         }
-        acc = warp_sum(acc);
     }
+    acc = warp_sum(acc);
+    if (W.bits == 0 && PLANTED(KEEL_ECU_PLANT_ROWLEAK) && m > 1) acc = __fmul_rn(acc, 1.0f + 0x1p-22f);
     if (lane == 0) {
         if (epi == KEEL_EPI_RELU2) acc = acc > 0.0f ? __fmul_rn(acc, acc) : 0.0f;
         long long yi = (long long)it * W.n + o;
@@ -1041,7 +1029,7 @@ extern "C" void KEEL_ECU_FN(matvec_norm)(const keel_cuda_qw *W, float *xo, const
                                      float eps, float *yf, uint16_t *yb, float *y, void *st) {
     KEEL_ASSERT(W && xo && x && a && w && w->n && yf && xo != x);
     const size_t smem = (size_t)m * (size_t)W->k * sizeof(float);
-    if (W->k > kNormRegs * kNormThreads || smem > kMatvecNormSmem) { /* the two launches it stands for */
+    if (W->k > kNormRegs * kNormThreads || smem > KEEL_ECU_MATVEC_NORM_SMEM) { /* the two launches it stands for */
         KEEL_ECU_FN(add_rmsnorm)(xo, x, a, b, bias, w, m, W->k, eps, yf, yb, st);
         KEEL_ECU_FN(matvec)(W, yf, KEEL_DT_F32, m, y, KEEL_DT_F32, KEEL_EPI_NONE, st);
         return;
