@@ -4,12 +4,16 @@
  *     {BF16,F16} x output {F32,BF16} x epilogue {none,relu2}; each serves m = 1..8 and is run at every m;
  *   keel_cuda_stream_matmul_rows (up to 256 rows in 8-row groups): every width, group 64, BF16 scales, both
  *     activations, both outputs, both epilogues, run at m = 1..20 (three groups, the last partial) on a split k;
+ *   keel_cuda_stream_matmul_packed: width x group x scale dtype {BF16,F16} x activation {BF16,F16} x (F32 and BF16
+ *     plain, F32 fused relu2), each held to the ring tile's bits (gate 4), on a copy keel_cuda_pack makes per launch
+ *     (on the host); controls from its own twin (twin_cuda_packed.cu);
  *   keel_cuda_relu2: F32 and BF16;
  *   keel_cuda_stream_experts_up (fused relu2, and plain) and keel_cuda_stream_experts_down: every width and group,
  *     BF16 scales, both activations and outputs, with what they replace (cuda_routed.c runs their gates).
  * Controls come from one twin of stream.cu (twin_cuda_stream.cu) with one fault armed per launch.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "contract.h"
@@ -21,7 +25,8 @@
 /* Launch entry points the CUDA table registers (checked against launch sites in every build). */
 const char *const keel_contract_cuda_entries[] = {"keel_cuda_stream_matmul", "keel_cuda_relu2",
                                                   "keel_cuda_stream_experts_up", "keel_cuda_stream_experts_down",
-                                                  "keel_cuda_stream_matmul_rows", NULL};
+                                                  "keel_cuda_stream_matmul_rows", "keel_cuda_stream_matmul_packed",
+                                                  NULL};
 
 #if defined(KEEL_HAVE_CUDA)
 
@@ -117,6 +122,48 @@ static void twin_nobias(const keel_contract_reg *r, const keel_contract_args *a)
 static void twin_pastend(const keel_contract_reg *r, const keel_contract_args *a) { twin_launch(KEEL_CONTRACT_PLANT_PASTEND, r, a); }
 static void twin_epiorder(const keel_contract_reg *r, const keel_contract_args *a) { twin_launch(KEEL_CONTRACT_PLANT_EPIORDER, r, a); }
 static void twin_rowleak(const keel_contract_reg *r, const keel_contract_args *a) { twin_launch(KEEL_CONTRACT_PLANT_ROWLEAK, r, a); }
+
+/* The packed tile on a packed copy of the registration's matrix (made per launch, freed after it): the kernel or
+ * its twin with one fault armed. */
+static void packed_run(bool twin, int fault, const keel_contract_reg *reg, const keel_contract_args *a) {
+    const keel_cuda_qw w = qw_of(reg, a);
+    const size_t cw = (size_t)w.n * keel_quant_row_words(w.k, w.bits) * 4, sb = (size_t)w.n * (w.k / w.group) * 2;
+    void *hw = keel_xmalloc(cw), *hs = keel_xmalloc(sb), *hb = keel_xmalloc(sb);
+    keel_cuda_download(hw, w.w, cw);
+    keel_cuda_download(hs, w.scales, sb);
+    keel_cuda_download(hb, w.biases, sb);
+    const keel_qmat host = {w.n, w.k, w.bits, w.group, w.sdt, hw, hs, hb};
+    keel_cuda_pw pw;
+    char why[256] = "";
+    KEEL_ASSERTF(keel_cuda_pack_upload(&host, &pw, why, sizeof why), "%s: %s", reg->name, why);
+    free(hw), free(hs), free(hb);
+    if (twin) {
+        keel_contract_cuda_twin_packed_arm(fault);
+        keel_contract_twin_cuda_stream_matmul_packed(&pw, a->x, reg->xdt, a->m, a->y, reg->ydt, reg->epi, NULL);
+        keel_contract_cuda_twin_packed_arm(KEEL_CONTRACT_PLANT_NONE);
+    } else {
+        keel_cuda_stream_matmul_packed(&pw, a->x, reg->xdt, a->m, a->y, reg->ydt, reg->epi, NULL);
+    }
+    keel_cuda_sync();
+    keel_cuda_free((void *)pw.w);
+}
+static void launch_packed(const keel_contract_reg *r, const keel_contract_args *a) { packed_run(false, 0, r, a); }
+static void pk_width4(const keel_contract_reg *r, const keel_contract_args *a) { packed_run(true, KEEL_CONTRACT_PLANT_WIDTH4, r, a); }
+static void pk_nobias(const keel_contract_reg *r, const keel_contract_args *a) { packed_run(true, KEEL_CONTRACT_PLANT_NOBIAS, r, a); }
+static void pk_pastend(const keel_contract_reg *r, const keel_contract_args *a) { packed_run(true, KEEL_CONTRACT_PLANT_PASTEND, r, a); }
+static void pk_rowleak(const keel_contract_reg *r, const keel_contract_args *a) { packed_run(true, KEEL_CONTRACT_PLANT_ROWLEAK, r, a); }
+
+/* Gate 1 of the packed tile: an image for this device that fits its limits; gate 4 holds it to the ring tile bit for
+ * bit on its last shape, which must then not k-split in the ring tile here. */
+static bool packed_available(const keel_contract_reg *reg, char *why, size_t cap) {
+    if (!keel_contract_cuda_packed_probe(reg->bits, reg->xdt == KEEL_DT_F16, why, cap)) return false;
+    const keel_contract_shape *s = &reg->shapes[reg->n_shapes - 1];
+    if (keel_cuda_stream_splits(s->n, s->k, 0) != 1) {
+        snprintf(why, cap, "its gate-4 shape n=%d k=%d splits in the ring tile on this device", s->n, s->k);
+        return false;
+    }
+    return true;
+}
 
 /* Gate 1: the tile has an image for this device and fits its limits; a registration that claims a k-split shape
  * must really split here (else its coverage claim is false on this chip). */
@@ -252,6 +299,48 @@ int keel_contract_register_cuda(keel_contract_table *t) {
                         r->same_order = r->ydt == KEEL_DT_F32;
                     }
                 }
+    /* Packed tiles: every width and group, 16-bit scales, both activations; fp32 and bf16 plain, fp32 fused relu2.
+     * Gate 4: equal bit for bit to the ring tile of the same variant (fused: the ring tile then relu2). */
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(BITS); bi++)
+        for (size_t gi = 0; gi < KEEL_ARRAY_LEN(GROUPS); gi++)
+            for (size_t si = 0; si < 2; si++)
+                for (size_t xi = 0; xi < KEEL_ARRAY_LEN(XDTS); xi++)
+                    for (int e = 0; e < 3; e++) {
+                        const keel_epilogue epi = e == 1 ? KEEL_EPI_RELU2 : KEEL_EPI_NONE;
+                        const keel_dtype ydt = e == 2 ? KEEL_DT_BF16 : KEEL_DT_F32;
+                        const int G = GROUPS[gi];
+                        keel_contract_reg *r = keel_contract_table_add(t);
+                        r->be = &g_cuda;
+                        r->path = "mma";
+                        r->family = KEEL_CF_STREAM;
+                        r->bits = BITS[bi], r->group = G, r->sdt = SDTS[si], r->xdt = XDTS[xi], r->ydt = ydt;
+                        r->epi = epi;
+                        r->rows_min = 1;
+                        r->rows_max = KEEL_CUDA_STREAM_MAX_ROWS;
+                        r->tile_rows = 16; /* a warp's tile: 16 rows of W (the mma m side) */
+                        r->tile_cols = KEEL_CUDA_STREAM_MAX_ROWS;
+                        r->arith = KEEL_CA_MMA;
+                        r->available = packed_available;
+                        r->entry = "keel_cuda_stream_matmul_packed";
+                        r->launch = launch_packed;
+                        stream_name(r->name, sizeof r->name, "packed", r->bits, G, r->sdt, r->xdt, r->ydt, epi);
+                        /* smallest; one group past a tile, odd n; k past whole spans; several tiles a warp and two
+                         * x-chunks at m = 8 (k 3200 > 3072); the gate-4 shape (no k-split in the ring tile) */
+                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 1, .k = G, .m_lo = 1, .m_hi = 1};
+                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 17, .k = G, .m_lo = 1, .m_hi = 8};
+                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 300, .k = 3200, .m_lo = 7, .m_hi = 8};
+                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 67, .k = 3 * G, .m_lo = 1, .m_hi = 8};
+                        r->n_replaces = epi == KEEL_EPI_RELU2 ? 2 : 1;
+                        stream_name(r->replaces[0], sizeof r->replaces[0], "stream", r->bits, G, r->sdt, r->xdt,
+                                    r->ydt, KEEL_EPI_NONE);
+                        if (epi == KEEL_EPI_RELU2)
+                            snprintf(r->replaces[1], sizeof r->replaces[1], "cuda/elementwise/relu2/%s", dt_tag(ydt));
+                        r->same_order = true; /* fp32 relu2 of the same fp32 sums */
+                        add_control(r, "write-past-end", 2, pk_pastend);
+                        add_control(r, "bias-dropped", 3, pk_nobias);
+                        if (r->bits > 4) add_control(r, "width-as-4", 3, pk_width4);
+                        if (ydt == KEEL_DT_F32) add_control(r, "row-leak", 4, pk_rowleak);
+                    }
     /* Routed tiles: BF16 scales (the scale load is the plain tile's code, covered above for every dtype). */
     for (size_t bi = 0; bi < KEEL_ARRAY_LEN(BITS); bi++)
         for (size_t gi = 0; gi < KEEL_ARRAY_LEN(GROUPS); gi++)

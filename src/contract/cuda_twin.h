@@ -42,6 +42,12 @@ void keel_contract_twin_cuda_stream_experts_down(const keel_cuda_qw *W2, const v
                                                  const keel_cuda_route *items, const float *weights, int n_items,
                                                  void *y, keel_dtype ydt, void *stream);
 
+/* The packed tiles' twin (twin_cuda_packed.cu): its own fault flag, its probe of the real kernels, its launchers. */
+void keel_contract_cuda_twin_packed_arm(int fault);
+bool keel_contract_cuda_packed_probe(int bits, int xf16, char *why, size_t cap);
+void keel_contract_twin_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void *x, keel_dtype xdt, int m,
+                                                  void *y, keel_dtype ydt, keel_epilogue epi, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -140,6 +140,24 @@ struct Packed {
             mem.push_back(b);
         }
     }
+    /* The packed tile's copies of the same matrices (keel_cuda_pack on a host copy); false (with the reason) if it
+     * has none. */
+    std::vector<keel_cuda_pw> pw;
+    bool pack(char *why, size_t cap) {
+        for (const keel_cuda_qw &q : w) {
+            const size_t cw = (size_t)q.n * ((size_t)q.k * q.bits / 32) * 4, sb = (size_t)q.n * (q.k / q.group) * 2;
+            std::vector<uint8_t> hw(cw), hs(sb), hb(sb);
+            keel_cuda_download(hw.data(), q.w, cw);
+            keel_cuda_download(hs.data(), q.scales, sb);
+            keel_cuda_download(hb.data(), q.biases, sb);
+            const keel_qmat host = {q.n, q.k, q.bits, q.group, q.sdt, (const uint32_t *)hw.data(), hs.data(), hb.data()};
+            keel_cuda_pw o;
+            if (!keel_cuda_pack_upload(&host, &o, why, cap)) return false;
+            mem.push_back((void *)o.w);
+            pw.push_back(o);
+        }
+        return true;
+    }
     ~Packed() {
         for (void *p : mem) keel_cuda_free(p);
     }
@@ -257,7 +275,7 @@ static void sweep(void *x, float *y, int best_cfg[2]) {
 }
 
 extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
-    bool quick = false, do_sweep = false, table = true;
+    bool quick = false, do_sweep = false, table = true, packed = true;
     const char *only = NULL; /* comma-separated shape names (also "experts", "rows"); NULL: all */
     unsigned bits_mask = 0;  /* bit b: width b only; 0: all */
     std::vector<std::pair<int, int>> dims; /* --dims: (n, k) shapes run instead of the named ones */
@@ -266,6 +284,8 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--quick")) {
             quick = true;
+        } else if (!strcmp(argv[a], "--packed") && a + 1 < argc && (!strcmp(argv[a + 1], "on") || !strcmp(argv[a + 1], "off"))) {
+            packed = !strcmp(argv[++a], "on");
         } else if (!strcmp(argv[a], "--sweep")) {
             do_sweep = true;
         } else if (!strcmp(argv[a], "--sweep-only")) {
@@ -307,7 +327,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
             a++;
         } else {
             fprintf(stderr, "keel bench stream: unknown option '%s' (expected --quick, --sweep, --sweep-only, "
-                            "--tune L2BLOCK,STAGES, --prefetch S, --pdl, --split-target Q, --split-long on|off, --split-round up|down, --shapes A,B, --dims N:K,N:K, --bits B,B)\n", argv[a]);
+                            "--tune L2BLOCK,STAGES, --packed on|off, --prefetch S, --pdl, --split-target Q, --split-long on|off, --split-round up|down, --shapes A,B, --dims N:K,N:K, --bits B,B)\n", argv[a]);
             return 2;
         }
     }
@@ -411,6 +431,31 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
                     });
                     double bytes = (double)P.bytes + (double)m * s.k * 2 + (double)m * s.n * 4;
                     row(s.name, bits, group, m, us, bytes, blas[mi]);
+                    if (!packed) continue;
+                    if (P.pw.empty()) {
+                        char why[256];
+                        if (!P.pack(why, sizeof why)) {
+                            printf("  packed: %s\n", why);
+                            continue;
+                        }
+                    }
+                    /* the packed tile: its bits against the ring tile's (equal where that does not split k) */
+                    std::vector<float> a((size_t)m * s.n), b((size_t)m * s.n);
+                    keel_cuda_stream_matmul(&P.w[0], x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+                    keel_cuda_download(a.data(), y, a.size() * 4);
+                    keel_cuda_stream_matmul_packed(&P.pw[0], x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
+                    keel_cuda_download(b.data(), y, b.size() * 4);
+                    size_t diff = 0;
+                    for (size_t i = 0; i < a.size(); i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+                    double pus = median_us(reps, [&](int i) {
+                        keel_cuda_stream_matmul_packed(&P.pw[i % copies], x, KEEL_DT_BF16, m, y, KEEL_DT_F32,
+                                                       KEEL_EPI_NONE, NULL);
+                    });
+                    char nm[40];
+                    snprintf(nm, sizeof nm, "%s/packed", s.name);
+                    row(nm, bits, group, m, pus, bytes, blas[mi]);
+                    printf("  packed vs ring tile: %.2fx the time; %zu of %zu outputs differ in bits (ring tile k-split %d)\n",
+                           pus / us, diff, a.size(), keel_cuda_stream_splits(s.n, s.k, 0));
                 }
             }
         }

@@ -122,6 +122,41 @@ unsigned keel_cuda_stream_scratch_epoch(void);
  * Nothing happens for a stream that has none. */
 void keel_cuda_stream_scratch_release(void *owner);
 
+/* ---- packed stream tiles (src/kernels/cuda/packed.cu): the stream tile's arithmetic on a matrix repacked once
+ * into mma fragment order (docs/stream-tiles.md, "The packed tile"). A launch equals keel_cuda_stream_matmul on the
+ * source matrix bit for bit wherever that one does not split k (keel_cuda_stream_splits(n, k, 0) == 1); it never
+ * splits. Row r of an m-row launch is bit-identical to a 1-row launch of row r. ---- */
+typedef struct keel_cuda_pw {
+    const uint8_t *w;       /* keel_cuda_pack's bytes on the device, 16-byte aligned */
+    int n, k, bits, group;
+    keel_dtype sdt;         /* BF16 or F16 */
+} keel_cuda_pw;
+/* Shared memory of a packed launch: x fragments (at most KEEL_CUDA_PACKED_XBYTES; longer k goes in chunks) and
+ * their per-group sums (group 32 at most); the kernels' attribute is set to the largest. */
+#define KEEL_CUDA_PACKED_XBYTES 49152
+#define KEEL_CUDA_PACKED_SMEM (KEEL_CUDA_PACKED_XBYTES + KEEL_CUDA_PACKED_XBYTES / 2 / 32 * 4)
+/* The layout: tiles of KEEL_CUDA_PACK_ROWS rows, each a run of spans of KEEL_CUDA_PACK_SPAN codes (k padded with
+ * zeros), each span a record of KEEL_CUDA_PACK_REC bytes: the 32 lanes' codes (lane 4g + t: 8 items of `bits` bytes,
+ * item 2b + h the bytes of codes 8t..8t+7 of block b of row g + 8h), then per row pair g and group of the span the
+ * halves scale(g), bias(g), scale(g + 8), bias(g + 8). */
+#define KEEL_CUDA_PACK_ROWS 16
+#define KEEL_CUDA_PACK_SPAN 128
+#define KEEL_CUDA_PACK_REC(bits, group) (256 * (bits) + 64 * (KEEL_CUDA_PACK_SPAN / (group)))
+/* Bytes the packed form of an (n, k) matrix takes; 0 for an invalid shape. Host code (pack.c), no device needed. */
+size_t keel_cuda_pack_bytes(int n, int k, int bits, int group);
+/* Writes the packed form of W (host memory, one matrix, BF16 or F16 scales) into dst (host, cap bytes), to be
+ * uploaded 16-byte aligned and described by a keel_cuda_pw; false with the reason in why (nothing written) for F32
+ * scales, a shape that does not pack, or a short destination. */
+bool keel_cuda_pack(const keel_qmat *W, void *dst, size_t cap, char *why, size_t why_cap);
+/* keel_cuda_pack of W (host memory) into a new device allocation described by out (owner: the caller, who frees
+ * out->w with keel_cuda_free); false with the reason, nothing allocated, where keel_cuda_pack refuses. */
+bool keel_cuda_pack_upload(const keel_qmat *W, keel_cuda_pw *out, char *why, size_t why_cap);
+/* y (m, n) = epi(x (m, k) . dequant(W)^T), m = 1..8, as keel_cuda_stream_matmul. */
+void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void *x, keel_dtype xdt, int m, void *y,
+                                    keel_dtype ydt, keel_epilogue epi, void *stream);
+/* The packed tiles' kernels by audit symbol ("stream_packed<4,false>"); NULL if unknown. */
+const void *keel_cuda_packed_kernel_fn(const char *symbol);
+
 /* `keel bench stream`: the stream tiles against the chip's read bandwidth and cuBLAS (src/kernels/cuda). */
 int keel_cuda_bench_stream(int argc, char **argv);
 /* The chip's read bandwidth (GB/s) measured now by a plain 16-byte streaming read of 1 GiB (benchmarks' yardstick). */

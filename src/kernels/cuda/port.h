@@ -186,6 +186,22 @@ static __device__ __forceinline__ uint32_t kp_ld_stream4(const uint32_t *p) {
 #endif
 }
 
+/* Read-only 16- and 8-byte loads (aligned) through the non-coherent cache where the toolchain has one. */
+static __device__ __forceinline__ uint4 kp_ldg16(const void *p) {
+#if defined(__HIPCC__)
+    return *(const uint4 *)p;
+#else
+    return __ldg((const uint4 *)p);
+#endif
+}
+static __device__ __forceinline__ uint2 kp_ldg8(const void *p) {
+#if defined(__HIPCC__)
+    return *(const uint2 *)p;
+#else
+    return __ldg((const uint2 *)p);
+#endif
+}
+
 /* A read-only 4-byte load through the non-coherent cache where the toolchain has one. */
 static __device__ __forceinline__ uint32_t kp_ldg32(const uint32_t *p) {
 #if defined(__HIPCC__)

@@ -1,0 +1,63 @@
+/* kernels/cuda: the packed stream tile's layout, made on the host before the upload (docs/stream-tiles.md, "The
+ * packed tile"). Plain C, built with or without CUDA, so the layout is tested on any machine. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda.h"
+
+size_t keel_cuda_pack_bytes(int n, int k, int bits, int group) {
+    if (n <= 0 || k <= 0 || !keel_quant_bits_ok(bits) || !keel_quant_group_ok(group) || k % group) return 0;
+    const size_t tiles = ((size_t)n + KEEL_CUDA_PACK_ROWS - 1) / KEEL_CUDA_PACK_ROWS;
+    const size_t spans = ((size_t)k + KEEL_CUDA_PACK_SPAN - 1) / KEEL_CUDA_PACK_SPAN;
+    return tiles * spans * (size_t)KEEL_CUDA_PACK_REC(bits, group);
+}
+
+bool keel_cuda_pack(const keel_qmat *W, void *dst, size_t cap, char *why, size_t why_cap) {
+    KEEL_ASSERT(W && why);
+    if (W->sdt != KEEL_DT_BF16 && W->sdt != KEEL_DT_F16) {
+        snprintf(why, why_cap, "packed tile: scales and biases must be BF16 or F16, found %s", keel_dtype_name(W->sdt));
+        return false;
+    }
+    const size_t need = keel_cuda_pack_bytes(W->n, W->k, W->bits, W->group);
+    if (need == 0 || W->k % 32) {
+        snprintf(why, why_cap, "packed tile: n %d k %d bits %d group %d is not a packable matrix (k a multiple of the "
+                 "group and of 32)", W->n, W->k, W->bits, W->group);
+        return false;
+    }
+    if (!dst || cap < need) {
+        snprintf(why, why_cap, "packed tile: the destination needs %zu bytes, has %zu", need, dst ? cap : 0);
+        return false;
+    }
+    const int B = W->bits, G = W->group, gps = KEEL_CUDA_PACK_SPAN / G, rec = KEEL_CUDA_PACK_REC(B, G);
+    const int tiles = (W->n + KEEL_CUDA_PACK_ROWS - 1) / KEEL_CUDA_PACK_ROWS;
+    const int spans = (W->k + KEEL_CUDA_PACK_SPAN - 1) / KEEL_CUDA_PACK_SPAN, blocks = W->k / 32, groups = W->k / G;
+    const size_t row_bytes = (size_t)W->k * B / 8;
+    const uint8_t *codes = (const uint8_t *)W->w, *sc = W->scales, *bi = W->biases;
+    uint8_t *out = dst;
+    for (int T = 0; T < tiles; T++)
+        for (int s = 0; s < spans; s++) {
+            uint8_t *r = out + ((size_t)T * spans + s) * rec;
+            /* lane (g, t): item 2b + h holds bytes B*t .. B*t + B-1 of block 4s + b of row 16T + g + 8h */
+            for (int lane = 0; lane < 32; lane++)
+                for (int item = 0; item < 8; item++) {
+                    const int row = T * KEEL_CUDA_PACK_ROWS + (lane >> 2) + 8 * (item & 1), blk = 4 * s + (item >> 1);
+                    uint8_t *d = r + lane * 8 * B + item * B;
+                    if (row < W->n && blk < blocks)
+                        memcpy(d, codes + (size_t)row * row_bytes + (size_t)blk * 4 * B + (size_t)B * (lane & 3), B);
+                    else
+                        memset(d, 0, B);
+                }
+            /* row pair g: per group of the span, the halves scale(g), bias(g), scale(g + 8), bias(g + 8) */
+            uint8_t *q = r + 256 * B;
+            for (int g = 0; g < 8; g++)
+                for (int gi = 0; gi < gps; gi++)
+                    for (int hh = 0; hh < 4; hh++, q += 2) {
+                        const int row = T * KEEL_CUDA_PACK_ROWS + g + 8 * (hh >> 1), grp = s * gps + gi;
+                        if (row < W->n && grp < groups)
+                            memcpy(q, ((hh & 1) ? bi : sc) + ((size_t)row * groups + grp) * 2, 2);
+                        else
+                            memset(q, 0, 2);
+                    }
+        }
+    return true;
+}

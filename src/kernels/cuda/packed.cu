@@ -1,0 +1,379 @@
+/* Packed stream tiles: the stream tile's arithmetic on a matrix repacked once into mma fragment order.
+ *
+ * Shape of the work (docs/stream-tiles.md, "The packed tile", has the why):
+ * - keel_cuda_pack (pack.c, on the host) rewrites an MLX affine matrix (16-bit scales) tile by tile: 16 rows (the mma m16 side),
+ *   then spans of 128 codes, each span a record of the 32 lanes' codes (lane (g, t): its bytes of rows g and g + 8
+ *   of the span's four 32-code blocks, contiguous) followed by the rows' (scale, bias) halves. The same bytes as
+ *   the source (k padded to whole spans with zeros), so one 16- or 8-byte load is a lane's fragment material.
+ * - A warp streams its tiles' records straight into registers, D spans ahead, with no shared-memory ring and no
+ *   per-stage bookkeeping; the block stages x (the whole k when it fits) in the ring tile's fragment order.
+ * - Per 32-code block and group the warp issues exactly the ring tile's decode, mma chain and group end, so a
+ *   launch equals keel_cuda_stream_matmul on the same matrix bit for bit wherever that one does not split k.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda.h"
+#include "port.h"
+#include "tile.cuh"
+
+#ifndef KEEL_PK_PLANT_DECODE
+#define KEEL_PK_PLANT_DECODE(B, XF16, v, p) codes_to_pairs<B, XF16>(v, p)
+#endif
+#ifndef KEEL_PK_PLANT_BIAS
+#define KEEL_PK_PLANT_BIAS(b) (b)
+#endif
+#ifndef KEEL_PK_PLANT_ROWS
+#define KEEL_PK_PLANT_ROWS(acc) ((void)0)
+#endif
+#ifndef KEEL_PK_PLANT_STORE
+#define KEEL_PK_PLANT_STORE(y, i, v, bf16, last) ((void)(last), store_out(y, i, v, bf16))
+#endif
+#define KEEL_PACKED_PLANT_HOOKS 1
+
+namespace {
+
+constexpr int kPkWarps = 8;
+constexpr int kPkThreads = kPkWarps * 32;
+constexpr int kSpan = KEEL_CUDA_PACK_SPAN;  /* codes of a span: four 32-code blocks */
+constexpr int kPkRows = KEEL_CUDA_PACK_ROWS; /* rows of a tile (the mma m16 side) */
+constexpr int kPkXBytes = KEEL_CUDA_PACKED_XBYTES; /* x fragments a block stages at most (longer k: chunks) */
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
+#define KEEL_PK_MIN_BLOCKS 1
+#else
+#define KEEL_PK_MIN_BLOCKS 2
+#endif
+
+/* Per-width constants: how many spans a warp keeps in flight. */
+template <int B> struct PGeo {
+    static constexpr int D = B >= 5 ? 2 : 3;   /* register ring depth: D - 1 spans in flight */
+};
+
+struct PParams {
+    const uint8_t *w;       /* packed records */
+    int n, k, kp, group, bf;/* kp: k padded to whole spans; bf: scales are BF16 (else F16) */
+    int ns, tiles;          /* spans per tile, tiles */
+    int rec;                /* bytes of a span record */
+    const uint16_t *x;
+    int m;
+    void *y;
+    int ydt_bf16, epi;
+    long long last;         /* index of the last output element */
+    int xk;                 /* codes of an x-chunk (a multiple of kSpan; kp when the whole k fits) */
+};
+
+
+/* Item i (block i / 2, row g + 8 (i % 2)) of a lane's span codes as the ring tile's thread bytes (LSB first);
+ * i is a constant wherever the loops unroll. */
+template <int B> __device__ __forceinline__ unsigned long long item_at(const uint32_t c[2 * B], int i) {
+    const int o = i * B, w = o / 4, ob = o % 4;
+    if (B == 4) return c[i];
+    if (B == 8) return (unsigned long long)c[2 * i + 1] << 32 | c[2 * i];
+    if (ob + B <= 4) return c[w] >> (8 * ob);
+    return ((unsigned long long)c[w + 1] << 32 | c[w]) >> (8 * ob);
+}
+
+/* A lane's span: codes (2B words) and its row pair's (scale, bias) halves (2 words a group, up to 4 groups). */
+template <int B> struct Span {
+    uint32_t c[2 * B];
+    uint32_t s[8];
+};
+
+/* lgps: log2 of the span's groups (0..2), warp-uniform. */
+template <int B> __device__ __forceinline__ void load_span(Span<B> &S, const uint8_t *rec, int lane, int lgps) {
+    const uint8_t *pc = rec + lane * 8 * B;
+    if constexpr (B % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < B / 2; i++) {
+            const uint4 v = kp_ldg16(pc + 16 * i);
+            S.c[4 * i] = v.x, S.c[4 * i + 1] = v.y, S.c[4 * i + 2] = v.z, S.c[4 * i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < B; i++) {
+            const uint2 v = kp_ldg8(pc + 8 * i);
+            S.c[2 * i] = v.x, S.c[2 * i + 1] = v.y;
+        }
+    }
+    const uint8_t *ps = rec + 256 * B + (lane >> 2) * (8 << lgps);
+    if (lgps == 0) {
+        const uint2 v = kp_ldg8(ps);
+        S.s[0] = v.x, S.s[1] = v.y;
+    } else {
+        const uint4 v = kp_ldg16(ps);
+        S.s[0] = v.x, S.s[1] = v.y, S.s[2] = v.z, S.s[3] = v.w;
+        if (lgps == 2) {
+            const uint4 u = kp_ldg16(ps + 16);
+            S.s[4] = u.x, S.s[5] = u.y, S.s[6] = u.z, S.s[7] = u.w;
+        }
+    }
+}
+
+__device__ __forceinline__ float half_to_f32(uint32_t h, bool bf) { return bf ? kp_bf16_to_f32((uint16_t)h) : kp_f16_to_f32((uint16_t)h); }
+
+/* One span of a warp's 16 rows: per group of bpg blocks (1, 2 or 4; warp-uniform) the ring tile's two mma per
+ * block and its group end. xb: x fragments of the span's first block for this thread's x row (xsw: that row's pair
+ * swap); xsa/xsb: x sums of its columns' first group. ONE (m = 1): the odd columns' group ends are left out. */
+template <int B, bool XF16, bool ONE>
+__device__ __forceinline__ void span_body(const Span<B> &S, const uint4 *xb, int xsw, const float *xsa,
+                                          const float *xsb, int lbpg, bool bf, float acc[4]) {
+    float Sm[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int jb = 0; jb < 4; jb++) {
+        uint32_t pa[4], pb[4];
+        KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb), pa);
+        KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb + 1), pb);
+        const uint4 xv = xb[jb * 4 + ((jb & 1) ? -xsw : xsw)]; /* xf_at's pair swap of odd rows */
+        const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, b0[2] = {xv.x, xv.y};
+        const uint32_t a1[4] = {pa[2], pb[2], pa[3], pb[3]}, b1[2] = {xv.z, xv.w};
+        kp_mma_16816<XF16>(Sm, a0, b0);
+        kp_mma_16816<XF16>(Sm, a1, b1);
+        if (((jb + 1) & ((1 << lbpg) - 1)) != 0) continue; /* the group goes on */
+        const int gs = jb >> lbpg;
+        /* (scale, bias) of rows g and g + 8: register indices constant for every group size */
+        const uint32_t w0 = lbpg == 0 ? S.s[2 * jb] : lbpg == 1 ? S.s[2 * (jb >> 1)] : S.s[0];
+        const uint32_t w1 = lbpg == 0 ? S.s[2 * jb + 1] : lbpg == 1 ? S.s[2 * (jb >> 1) + 1] : S.s[1];
+        const float s0 = half_to_f32(w0 & 0xffffu, bf), b0v = half_to_f32(w0 >> 16, bf);
+        const float s1 = half_to_f32(w1 & 0xffffu, bf), b1v = half_to_f32(w1 >> 16, bf);
+        const float xs0 = xsa[gs];
+        if constexpr (kOffset<B, XF16> != 0.f) { /* the codes' offset out: one rounding (kOffset * xs is exact) */
+            Sm[0] = __fmaf_rn(-kOffset<B, XF16>, xs0, Sm[0]);
+            Sm[2] = __fmaf_rn(-kOffset<B, XF16>, xs0, Sm[2]);
+        }
+        acc[0] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b0v), xs0, __fmaf_rn(s0, Sm[0], acc[0]));
+        acc[2] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b1v), xs0, __fmaf_rn(s1, Sm[2], acc[2]));
+        if constexpr (!ONE) {
+            const float xs1 = xsb[gs];
+            if constexpr (kOffset<B, XF16> != 0.f) {
+                Sm[1] = __fmaf_rn(-kOffset<B, XF16>, xs1, Sm[1]);
+                Sm[3] = __fmaf_rn(-kOffset<B, XF16>, xs1, Sm[3]);
+            }
+            acc[1] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b0v), xs1, __fmaf_rn(s0, Sm[1], acc[1]));
+            acc[3] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b1v), xs1, __fmaf_rn(s1, Sm[3], acc[3]));
+        }
+        Sm[0] = Sm[1] = Sm[2] = Sm[3] = 0.f;
+    }
+}
+
+/* Stores a finished tile's outputs (rows g and g + 8, activation rows 2t and 2t + 1 where live). */
+__device__ __forceinline__ void store_tile(const PParams &P, int tile, int lane, float acc[4]) {
+    KEEL_PK_PLANT_ROWS(acc);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int r = 2 * t + (e & 1), row = tile * kPkRows + g + 8 * (e >> 1);
+        if (r >= P.m || row >= P.n) continue;
+        const float v = P.epi == KEEL_EPI_RELU2 ? relu2(acc[e]) : acc[e];
+        KEEL_PK_PLANT_STORE(P.y, (long long)r * P.n + row, v, P.ydt_bf16, P.last);
+    }
+}
+
+/* A warp's walk over spans [s0, s1) of its tiles tile0, tile0 + step, ... (nt of them), D spans in flight across
+ * tile boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one
+ * tile, a chunk of its k) leaves its sums in acc. */
+template <int B, bool XF16, bool ONE>
+__device__ __forceinline__ void walk(const PParams &P, int tile0, int step, int nt, int s0, int s1, bool final,
+                                     const uint4 *xf, const float *xs, int nblk, int ngc, int lane, float acc[4]) {
+    constexpr int D = PGeo<B>::D;
+    const int lbpg = 31 - __clz(P.group) - 5, lgps = 2 - lbpg;
+    const int nsp = s1 - s0, total = nt * nsp;
+    if (total <= 0) return;
+    const int g = lane >> 2, t = lane & 3;
+    const int gx = g < P.m ? g : 0, r0 = 2 * t < P.m ? 2 * t : 0, r1 = 2 * t + 1 < P.m ? 2 * t + 1 : 0;
+    const uint4 *xrow = xf + gx * nblk * 4 + t;
+    const int xsw = ONE ? 0 : (gx & 1) * 4;
+    const float *xsa0 = xs + r0 * ngc, *xsb0 = xs + r1 * ngc;
+    const long long tstride = (long long)P.ns * P.rec;
+    const bool bf = P.bf;
+
+    Span<B> buf[D];
+    /* the load cursor: tile index lt (of nt), span ls; its record pointer */
+    int lt = 0, ls = 0;
+    const uint8_t *lp = P.w + (long long)tile0 * tstride + (long long)s0 * P.rec;
+    auto advance = [&]() {
+        if (++ls == nsp) {
+            ls = 0;
+            ++lt;
+            lp = P.w + (long long)(tile0 + lt * step) * tstride + (long long)s0 * P.rec;
+        } else {
+            lp += P.rec;
+        }
+    };
+#pragma unroll
+    for (int d = 0; d < D - 1; d++)
+        if (d < total) {
+            load_span<B>(buf[d], lp, lane, lgps);
+            advance();
+        }
+    int ct = 0, cs = 0; /* the compute cursor */
+    for (int q0 = 0; q0 < total; q0 += D) {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int q = q0 + d;
+            if (q >= total) break;
+            if (q + D - 1 < total) {
+                load_span<B>(buf[(d + D - 1) % D], lp, lane, lgps);
+                advance();
+            }
+            const int blk = cs * 4; /* first block of the span in the chunk */
+            span_body<B, XF16, ONE>(buf[d], xrow + blk * 4, xsw, xsa0 + (blk * 32) / P.group,
+                                    xsb0 + (blk * 32) / P.group, lbpg, bf, acc);
+            if (++cs == nsp) {
+                cs = 0;
+                if (final) {
+                    store_tile(P, tile0 + ct * step, lane, acc);
+                    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+                }
+                ++ct;
+            }
+        }
+    }
+}
+
+template <int B, bool XF16, bool ONE>
+__device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *xs) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nchunk = (P.kp + P.xk - 1) / P.xk, spc = P.xk / kSpan;
+    const bool whole = nchunk == 1; /* x staged once, each warp walks all its tiles; else one tile a round */
+    const int gw = blockIdx.x * kPkWarps + warp, nw = gridDim.x * kPkWarps;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    kp_grid_wait(); /* x belongs to the previous kernel until now */
+    for (int base = blockIdx.x * kPkWarps; base < (whole ? blockIdx.x * kPkWarps + 1 : P.tiles); base += nw) {
+        const int tile = whole ? gw : base + warp;
+        const int nt = whole ? (gw < P.tiles ? (P.tiles - gw + nw - 1) / nw : 0) : tile < P.tiles;
+        for (int c = 0; c < nchunk; c++) {
+            const int c0 = c * P.xk, lenp = min(P.xk, P.kp - c0), len = min(lenp, P.k - c0);
+            __syncthreads();
+            stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, len, lenp, xf);
+            __syncthreads();
+            stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, xf, xs);
+            __syncthreads();
+            walk<B, XF16, ONE>(P, tile, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
+                                    lenp / 32, lenp / P.group, lane, acc);
+        }
+    }
+}
+
+template <int B, bool XF16>
+__global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed(PParams P) {
+    extern __shared__ uint4 pk_smem[];
+    kp_grid_release();
+    uint4 *xf = pk_smem;
+    float *xs = (float *)(pk_smem + (size_t)P.m * P.xk / 8);
+    if (P.m == 1) /* one activation row (decode): the odd columns' group ends left out */
+        packed_run<B, XF16, true>(P, xf, xs);
+    else
+        packed_run<B, XF16, false>(P, xf, xs);
+}
+
+template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaStream_t st) {
+    static bool attr = false;
+    static int bps[KEEL_CUDA_STREAM_MAX_ROWS + 1] = {0}; /* blocks an SM by m (the shared memory differs) */
+    const void *fn = (const void *)stream_packed<B, XF16>;
+    if (!attr) {
+        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, KEEL_CUDA_PACKED_SMEM));
+        attr = true;
+    }
+    if (bps[P.m] == 0) {
+        KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps[P.m], fn, kPkThreads, smem));
+        if (bps[P.m] < 1) bps[P.m] = 1;
+    }
+    int dev = 0, sms = 0;
+    KEEL_CUDA_CHECK(cudaGetDevice(&dev));
+    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const long long want = (P.tiles + kPkWarps - 1) / kPkWarps, fill = (long long)bps[P.m] * sms;
+    const unsigned blocks = (unsigned)(want < fill ? want : fill);
+    KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, P);
+    KEEL_CUDA_CHECK_LAUNCH();
+}
+
+template <bool XF16> void launch_pk_bits(int bits, const PParams &P, size_t smem, cudaStream_t st) {
+    switch (bits) {
+    case 2: launch_pk<2, XF16>(P, smem, st); break;
+    case 3: launch_pk<3, XF16>(P, smem, st); break;
+    case 4: launch_pk<4, XF16>(P, smem, st); break;
+    case 5: launch_pk<5, XF16>(P, smem, st); break;
+    case 6: launch_pk<6, XF16>(P, smem, st); break;
+    case 8: launch_pk<8, XF16>(P, smem, st); break;
+    default: KEEL_ASSERTF(false, "packed tile: bits %d", bits);
+    }
+}
+
+} // namespace
+
+#if !defined(keel_cuda_stream_matmul_packed) /* the contract twin shares this one */
+extern "C" bool keel_cuda_pack_upload(const keel_qmat *W, keel_cuda_pw *out, char *why, size_t why_cap) {
+    KEEL_ASSERT(W && out);
+    const size_t need = keel_cuda_pack_bytes(W->n, W->k, W->bits, W->group);
+    void *host = need ? malloc(need) : NULL;
+    if (need && !host) {
+        snprintf(why, why_cap, "packed tile: out of host memory for %zu bytes", need);
+        return false;
+    }
+    if (!keel_cuda_pack(W, host, need, why, why_cap)) {
+        free(host);
+        return false;
+    }
+    void *dev = keel_cuda_malloc(need); /* cudaMalloc: 256-byte aligned */
+    keel_cuda_upload(dev, host, need);
+    free(host);
+    *out = (keel_cuda_pw){.w = (const uint8_t *)dev, .n = W->n, .k = W->k, .bits = W->bits, .group = W->group,
+                          .sdt = W->sdt};
+    return true;
+}
+#endif
+
+extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void *x, keel_dtype xdt, int m, void *y,
+                                               keel_dtype ydt, keel_epilogue epi, void *stream) {
+    KEEL_ASSERT(W && W->w && x && y);
+    KEEL_ASSERTF(((uintptr_t)W->w & 15u) == 0, "packed tile: the packed matrix must be 16-byte aligned");
+    KEEL_ASSERTF(m >= 1 && m <= KEEL_CUDA_STREAM_MAX_ROWS, "packed tile: m %d (1..%d)", m, KEEL_CUDA_STREAM_MAX_ROWS);
+    KEEL_ASSERT(xdt == KEEL_DT_BF16 || xdt == KEEL_DT_F16);
+    KEEL_ASSERT(ydt == KEEL_DT_F32 || ydt == KEEL_DT_BF16);
+    KEEL_ASSERTF(((uintptr_t)x & 3u) == 0, "packed tile: activations must be 4-byte aligned");
+    PParams P = {};
+    P.w = W->w;
+    P.n = W->n;
+    P.k = W->k;
+    P.ns = (W->k + kSpan - 1) / kSpan;
+    P.kp = P.ns * kSpan;
+    P.group = W->group;
+    P.bf = W->sdt == KEEL_DT_BF16;
+    P.tiles = (W->n + kPkRows - 1) / kPkRows;
+    P.rec = KEEL_CUDA_PACK_REC(W->bits, W->group);
+    P.x = (const uint16_t *)x;
+    P.m = m;
+    P.y = y;
+    P.ydt_bf16 = ydt == KEEL_DT_BF16;
+    P.epi = (int)epi;
+    P.last = (long long)m * W->n - 1;
+    const int most = kPkXBytes / 2 / m / kSpan * kSpan;
+    P.xk = P.kp <= most ? P.kp : most;
+    const size_t smem = (size_t)m * P.xk * 2 + (size_t)m * (P.xk / W->group) * 4;
+    KEEL_ASSERT(smem <= KEEL_CUDA_PACKED_SMEM);
+    if (xdt == KEEL_DT_F16)
+        launch_pk_bits<true>(W->bits, P, smem, (cudaStream_t)stream);
+    else
+        launch_pk_bits<false>(W->bits, P, smem, (cudaStream_t)stream);
+}
+
+#if !defined(keel_cuda_stream_matmul_packed)
+extern "C" const void *keel_cuda_packed_kernel_fn(const char *symbol) {
+    static const struct {
+        const char *name;
+        const void *fn;
+    } tab[] = {
+        {"stream_packed<2,false>", (const void *)stream_packed<2, false>}, {"stream_packed<3,false>", (const void *)stream_packed<3, false>},
+        {"stream_packed<4,false>", (const void *)stream_packed<4, false>}, {"stream_packed<5,false>", (const void *)stream_packed<5, false>},
+        {"stream_packed<6,false>", (const void *)stream_packed<6, false>}, {"stream_packed<8,false>", (const void *)stream_packed<8, false>},
+        {"stream_packed<2,true>", (const void *)stream_packed<2, true>},   {"stream_packed<3,true>", (const void *)stream_packed<3, true>},
+        {"stream_packed<4,true>", (const void *)stream_packed<4, true>},   {"stream_packed<5,true>", (const void *)stream_packed<5, true>},
+        {"stream_packed<6,true>", (const void *)stream_packed<6, true>},   {"stream_packed<8,true>", (const void *)stream_packed<8, true>},
+    };
+    if (!symbol) return NULL;
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (!strcmp(tab[i].name, symbol)) return tab[i].fn;
+    return NULL;
+}
+#endif

@@ -1,0 +1,183 @@
+/* CUDA packed stream tiles: every width, group, 16-bit scale dtype and activation dtype against the float64
+ * reference; bit for bit against the ring tile (keel_cuda_stream_matmul) wherever that one does not split k; row
+ * independence, repeated launches, fused relu^2, the chunked long-k path (the layout itself: test_pack.c). Skips (77) with a
+ * reason when the build has no CUDA or the machine has no GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <math.h>
+
+#include "format/format.h"
+#include "kernels/cpu/cpu.h"
+#include "common/testkit.h"
+#include "contract/contract.h"
+
+#ifdef KEEL_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/qm.h"
+
+/* A packed copy of q on the device (owned: free pw.w). */
+static keel_cuda_pw pack(const qm *q) {
+    const keel_qmat m = {q->n, q->k, q->bits, q->group, q->sdt, q->codes, q->scales, q->biases};
+    keel_cuda_pw pw;
+    char why[256] = "";
+    if (!keel_cuda_pack_upload(&m, &pw, why, sizeof why)) fail_msg("pack: %s", why);
+    return pw;
+}
+
+/* One launch of each tile into fresh NaN-poisoned outputs; host copies. */
+static void *run_packed(const keel_cuda_pw *pw, void *dx, keel_dtype xdt, int m, keel_dtype ydt, keel_epilogue epi) {
+    const size_t bytes = (size_t)m * pw->n * keel_dtype_size(ydt);
+    void *dy = keel_cuda_malloc(bytes + 64), *y = keel_xmalloc(bytes + 64);
+    keel_cuda_memset(dy, 0xff, bytes + 64);
+    keel_cuda_stream_matmul_packed(pw, dx, xdt, m, dy, ydt, epi, NULL);
+    keel_cuda_download(y, dy, bytes + 64);
+    for (size_t i = bytes; i < bytes + 64; i++) assert_int_equal(((uint8_t *)y)[i], 0xff); /* nothing past y */
+    keel_cuda_free(dy);
+    return y;
+}
+static void *run_ring(const qm *q, void *dx, keel_dtype xdt, int m, keel_dtype ydt, keel_epilogue epi) {
+    const size_t bytes = (size_t)m * q->n * keel_dtype_size(ydt);
+    void *dy = keel_cuda_malloc(bytes), *y = keel_xmalloc(bytes);
+    keel_cuda_memset(dy, 0xff, bytes);
+    keel_cuda_stream_matmul(&q->d, dx, xdt, m, dy, ydt, epi, NULL);
+    keel_cuda_download(y, dy, bytes);
+    keel_cuda_free(dy);
+    return y;
+}
+
+static const int kBits[] = {2, 3, 4, 5, 6, 8};
+static const int kGroups[] = {32, 64, 128};
+
+/* Every width x group x scale dtype x activation dtype on a shape the ring tile does not split (k < 512): within
+ * the float64 bound and equal to the ring tile bit for bit at m = 1..8, both outputs, both epilogues. */
+static void test_against_ring_and_reference(void **state) {
+    (void)state;
+    const keel_dtype sdts[] = {KEEL_DT_BF16, KEEL_DT_F16};
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(kBits); bi++)
+        for (size_t gi = 0; gi < KEEL_ARRAY_LEN(kGroups); gi++)
+            for (size_t si = 0; si < 2; si++) {
+                const int G = kGroups[gi], n = 37 + 16 * (int)bi, k = G * (G == 128 ? 3 : 5); /* k past whole spans */
+                qm q;
+                if (si == 0)
+                    qm_make(&q, n, k, kBits[bi], G, sdts[si]);
+                else
+                    qm_make_signed(&q, n, k, kBits[bi], G, sdts[si]); /* negative scales */
+                assert_int_equal(keel_cuda_stream_splits(n, k, 0), 1);
+                keel_cuda_pw pw = pack(&q);
+                for (int m = 1; m <= 8; m++) {
+                    const keel_dtype xdt = (m & 1) ? KEEL_DT_BF16 : KEEL_DT_F16;
+                    const keel_dtype ydt = (m % 3 == 0) ? KEEL_DT_BF16 : KEEL_DT_F32;
+                    const keel_epilogue epi = (m % 4 == 1) ? KEEL_EPI_RELU2 : KEEL_EPI_NONE;
+                    void *dx;
+                    uint16_t *x = make_x(m, k, xdt, &dx);
+                    void *yp = run_packed(&pw, dx, xdt, m, ydt, epi), *yr = run_ring(&q, dx, xdt, m, ydt, epi);
+                    check_y(&q, x, xdt, m, ydt, epi, yp);
+                    if (memcmp(yp, yr, (size_t)m * n * keel_dtype_size(ydt)))
+                        fail_msg("bits %d group %d %s m %d: packed and ring tiles differ", kBits[bi], G,
+                                 keel_dtype_name(sdts[si]), m);
+                    free(yp), free(yr), free(x);
+                    keel_cuda_free(dx);
+                }
+                keel_cuda_free((void *)pw.w);
+                qm_free(&q);
+            }
+}
+
+/* Many tiles (several a warp), the chunked x path (m = 8 past 3072 codes), rows of an 8-row launch equal to 1-row
+ * launches, repeated launches equal, fused relu^2 equal to the tile then keel_cuda_relu2 (fp32). */
+static void test_bits_and_chunks(void **state) {
+    (void)state;
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(kBits); bi++) {
+        qm q;
+        const int n = 333, k = bi % 2 ? 4160 : 2688; /* 4160: two x-chunks at m = 8, the last partial */
+        qm_make(&q, n, k, kBits[bi], 64, KEEL_DT_BF16);
+        keel_cuda_pw pw = pack(&q);
+        const int m = 8;
+        void *dx;
+        uint16_t *x = make_x(m, k, KEEL_DT_BF16, &dx);
+        float *y8 = run_packed(&pw, dx, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_NONE);
+        check_y(&q, x, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_NONE, y8);
+        for (int r = 0; r < m; r++) {
+            float *y1 = run_packed(&pw, (uint16_t *)dx + (size_t)r * k, KEEL_DT_BF16, 1, KEEL_DT_F32, KEEL_EPI_NONE);
+            assert_memory_equal(y1, y8 + (size_t)r * n, (size_t)n * 4);
+            free(y1);
+        }
+        for (int rep = 0; rep < 2; rep++) {
+            float *again = run_packed(&pw, dx, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_NONE);
+            assert_memory_equal(again, y8, (size_t)m * n * 4);
+            free(again);
+        }
+        float *dy = keel_cuda_malloc((size_t)m * n * 4);
+        keel_cuda_upload(dy, y8, (size_t)m * n * 4);
+        keel_cuda_relu2(dy, KEEL_DT_F32, (size_t)m * n, NULL);
+        keel_cuda_download(y8, dy, (size_t)m * n * 4);
+        float *fused = run_packed(&pw, dx, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_RELU2);
+        assert_memory_equal(fused, y8, (size_t)m * n * 4);
+        free(fused);
+        keel_cuda_free(dy);
+        free(y8), free(x);
+        keel_cuda_free(dx);
+        keel_cuda_free((void *)pw.w);
+        qm_free(&q);
+    }
+}
+
+/* On a shape with enough row tiles that the ring tile does not split k, the two tiles agree on every output. */
+static void test_large_equal(void **state) {
+    (void)state;
+    const int n = 64 * 160 + 9, k = 2688; /* more row tiles than a chip has SMs */
+    if (keel_cuda_stream_splits(n, k, 0) != 1) skip();
+    for (int bits = 2; bits <= 8; bits += 2) {
+        qm q;
+        qm_make(&q, n, k, bits, 64, KEEL_DT_BF16);
+        keel_cuda_pw pw = pack(&q);
+        for (int m = 1; m <= 8; m += 7) {
+            void *dx;
+            uint16_t *x = make_x(m, k, KEEL_DT_BF16, &dx);
+            void *yp = run_packed(&pw, dx, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_NONE);
+            void *yr = run_ring(&q, dx, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_NONE);
+            assert_memory_equal(yp, yr, (size_t)m * n * 4);
+            free(yp), free(yr), free(x);
+            keel_cuda_free(dx);
+        }
+        keel_cuda_free((void *)pw.w);
+        qm_free(&q);
+    }
+}
+
+static void test_kernel_fn(void **state) {
+    (void)state;
+    char sym[48];
+    for (int x = 0; x < 2; x++)
+        for (size_t bi = 0; bi < KEEL_ARRAY_LEN(kBits); bi++) {
+            snprintf(sym, sizeof sym, "stream_packed<%d,%s>", kBits[bi], x ? "true" : "false");
+            assert_non_null(keel_cuda_kernel_fn(sym));
+        }
+    assert_null(keel_cuda_packed_kernel_fn("stream_packed<7,false>"));
+}
+
+int main(void) {
+    if (keel_cuda_device_count() < 1) {
+        printf("skip: no CUDA device on this machine\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_against_ring_and_reference),
+        cmocka_unit_test(test_bits_and_chunks),
+        cmocka_unit_test(test_large_equal),
+        cmocka_unit_test(test_kernel_fn),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+#else
+int main(void) {
+    printf("skip: keel was built without CUDA (KEEL_CUDA=OFF or no nvcc)\n");
+    return 77;
+}
+#endif
