@@ -211,21 +211,27 @@ __device__ __forceinline__ void walk(const PParams &P, int tile0, int step, int 
 #pragma unroll
         for (int d = 0; d < D; d++) {
             const int q = q0 + d;
+#if defined(__HIPCC__) /* HIP keeps the unrolled steps' buffer indices constant (no scratch) only without a break */
+            if (q < total) {
+#else
             if (q >= total) break;
-            if (q + D - 1 < total) {
-                load_span<B>(buf[(d + D - 1) % D], lp, lane, lgps);
-                advance();
-            }
-            const int blk = cs * 4; /* first block of the span in the chunk */
-            span_body<B, XF16, ONE>(buf[d], xrow + blk * 4, xsw, xsa0 + (blk * 32) / P.group,
-                                    xsb0 + (blk * 32) / P.group, lbpg, bf, acc);
-            if (++cs == nsp) {
-                cs = 0;
-                if (final) {
-                    store_tile(P, tile0 + ct * step, lane, acc);
-                    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+            {
+#endif
+                if (q + D - 1 < total) {
+                    load_span<B>(buf[(d + D - 1) % D], lp, lane, lgps);
+                    advance();
                 }
-                ++ct;
+                const int blk = cs * 4; /* first block of the span in the chunk */
+                span_body<B, XF16, ONE>(buf[d], xrow + blk * 4, xsw, xsa0 + (blk * 32) / P.group,
+                                        xsb0 + (blk * 32) / P.group, lbpg, bf, acc);
+                if (++cs == nsp) {
+                    cs = 0;
+                    if (final) {
+                        store_tile(P, tile0 + ct * step, lane, acc);
+                        acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+                    }
+                    ++ct;
+                }
             }
         }
     }
