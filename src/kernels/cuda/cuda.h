@@ -19,6 +19,8 @@ extern "C" {
 int keel_cuda_device_count(void);
 /* Describes device 0 ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB") into buf; false when there is none. */
 bool keel_cuda_device_name(char *buf, size_t cap);
+/* SMs of the current device, asked once and cached (launch sizing); aborts if the runtime cannot answer. */
+int keel_cuda_sm_count(void);
 
 /* ---- device memory (tests, benchmarks and the engine's uploads); failures abort via KEEL_CUDA_CHECK ---- */
 void *keel_cuda_malloc(size_t bytes);

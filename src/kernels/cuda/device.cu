@@ -1,8 +1,9 @@
-/* Device discovery: never aborts, so hosts without a GPU can ask. */
+/* Device discovery: never aborts, so hosts without a GPU can ask (keel_cuda_sm_count aside: launchers only). */
 #include <cuda_runtime.h>
 #include <stdio.h>
 
 #include "cuda.h"
+#include "port.h"
 
 extern "C" int keel_cuda_device_count(void) {
     int n = 0;
@@ -20,4 +21,14 @@ extern "C" bool keel_cuda_device_name(char *buf, size_t cap) {
     snprintf(buf, cap, "%s, sm_%d%d, %d SMs, %.1f GiB", p.name, p.major, p.minor, p.multiProcessorCount,
              (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
     return true;
+}
+
+extern "C" int keel_cuda_sm_count(void) {
+    static int sms = 0; /* the current device's, asked once: launchers call this on every launch */
+    if (sms == 0) {
+        int dev = 0;
+        KEEL_CUDA_CHECK(cudaGetDevice(&dev));
+        KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return sms;
 }

@@ -285,10 +285,7 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
         KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps[P.m], fn, kPkThreads, smem));
         if (bps[P.m] < 1) bps[P.m] = 1;
     }
-    int dev = 0, sms = 0;
-    KEEL_CUDA_CHECK(cudaGetDevice(&dev));
-    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const long long want = (P.tiles + kPkWarps - 1) / kPkWarps, fill = (long long)bps[P.m] * sms;
+    const long long want = (P.tiles + kPkWarps - 1) / kPkWarps, fill = (long long)bps[P.m] * keel_cuda_sm_count();
     const unsigned blocks = (unsigned)(want < fill ? want : fill);
     KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, P);
     KEEL_CUDA_CHECK_LAUNCH();

@@ -697,7 +697,6 @@ __global__ void relu2_kernel(void *y, int bf16, size_t count) {
     }
 }
 
-int g_sms = 0;
 /* One stream's scratch: launches on one stream run in order, so they can share it; two streams need two. */
 struct Scratch {
     cudaStream_t st;
@@ -737,15 +736,6 @@ bool pdl_active(void) {
     }
     return g_pdl && g_pdl_ok;
 #endif
-}
-
-int sm_count(void) {
-    if (g_sms == 0) {
-        int dev = 0;
-        KEEL_CUDA_CHECK(cudaGetDevice(&dev));
-        KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    return g_sms;
 }
 
 /* A tile's launch attributes: its 64 KB of dynamic shared memory, and all of the SM's shared memory for shared memory
@@ -911,7 +901,7 @@ extern "C" int keel_cuda_stream_splits(int n, int k, int items) {
      * slices of at least two 128-code quads. Else, with g_split_long, a slice of kLongSlice+ codes halves when twice
      * the blocks still fit the SMs. */
     const long long tiles = (long long)(n + kRowsPerBlock - 1) / kRowsPerBlock * (items > 1 ? items : 1),
-                    sms = sm_count(), q = g_split_target;
+                    sms = keel_cuda_sm_count(), q = g_split_target;
     /* enough blocks: a long slice still halves when both halves' blocks run in one wave (each warp's chain of
      * stages is the time of a launch that fills the chip once) */
     if (4 * tiles >= q * sms) return g_split_long && k >= kLongSlice && 2 * tiles <= blocks_per_sm() * sms ? 2 : 1;
