@@ -18,34 +18,22 @@
 #define keel_cuda_stream_split_long keel_contract_twin_cuda_stream_split_long
 #define keel_cuda_stream_split_round keel_contract_twin_cuda_stream_split_round
 
-#include <stdio.h>
-
 #include "../kernels/cuda/cuda.h"
 #include "../kernels/cuda/port.h"
-#include "cuda_twin.h"
+#include "../kernels/cuda/tile.cuh"
+#include "twin_plants.cuh"
 
 __device__ int g_plant; /* the armed fault (KEEL_CONTRACT_PLANT_*) */
 
-/* Codes of wider widths decoded as if they were 4 bits wide. */
-#define KEEL_PLANT_DECODE(B, XF16, v, p)                                                                       \
-    do {                                                                                                       \
-        if ((B) > 4 && g_plant == KEEL_CONTRACT_PLANT_WIDTH4)                                                  \
-            codes_to_pairs<4, XF16>(v, p);                                                                     \
-        else                                                                                                   \
-            codes_to_pairs<B, XF16>(v, p);                                                                     \
-    } while (0)
-#define KEEL_PLANT_BIAS(b) (g_plant == KEEL_CONTRACT_PLANT_NOBIAS ? 0.f : (b))
+#define KEEL_PLANT_DECODE(B, XF16, v, p) KEEL_TWIN_DECODE(g_plant, B, XF16, v, p)
+#define KEEL_PLANT_BIAS(b) KEEL_TWIN_BIAS(g_plant, b)
 /* Fused relu2: the bias term added to the running sum before the scale term (same roundings, another order). */
 #define KEEL_PLANT_GROUP_END(acc, s, S, bi, xsum, epi)                                                        \
     (g_plant == KEEL_CONTRACT_PLANT_EPIORDER && (epi) == KEEL_EPI_RELU2                                        \
          ? __fmaf_rn(s, S, __fmaf_rn(bi, xsum, acc))                                                           \
          : __fmaf_rn(bi, xsum, __fmaf_rn(s, S, acc)))
 #define KEEL_PLANT_ROWS(acc, bf16) plant_rows(acc, bf16, P.splits) /* P: the tile's Params where it expands */
-#define KEEL_PLANT_STORE(y, i, v, bf16, last)                                                                 \
-    do {                                                                                                       \
-        store_out(y, i, v, bf16);                                                                              \
-        if (g_plant == KEEL_CONTRACT_PLANT_PASTEND && (i) == (last)) store_out(y, (i) + 1, v, bf16);            \
-    } while (0)
+#define KEEL_PLANT_STORE(y, i, v, bf16, last) KEEL_TWIN_STORE(g_plant, y, i, v, bf16, last)
 #define KEEL_PLANT_EW_STORED(y, bf16, i, count)                                                               \
     do {                                                                                                       \
         if (g_plant == KEEL_CONTRACT_PLANT_PASTEND && (i) == (count) - 1) {                                     \
@@ -62,8 +50,7 @@ __device__ int g_plant; /* the armed fault (KEEL_CONTRACT_PLANT_*) */
  * (the shapes that do not split show it). */
 static __device__ __forceinline__ void plant_rows(float acc[4], int bf16, int splits) {
     if (g_plant != KEEL_CONTRACT_PLANT_ROWLEAK || (bf16 && splits > 1)) return;
-    const float f = bf16 ? 0x1p-10f : 0x1p-22f;
-    for (int e = 1; e < 4; e += 2) acc[e] = acc[e] + copysignf(fminf(fabsf(acc[e]), fabsf(acc[e - 1])) * f, acc[e - 1]);
+    twin_leak_rows(acc, bf16 ? 0x1p-10f : 0x1p-22f);
 }
 
 #include "../kernels/cuda/stream.cu"
@@ -80,32 +67,7 @@ extern "C" void keel_contract_cuda_twin_arm(int fault) {
 template <int B, bool XF16> static bool probe_t(char *why, size_t cap) {
     char sym[48];
     snprintf(sym, sizeof sym, "stream_tile<%d,%s>", B, XF16 ? "true" : "false");
-    const void *fn = keel_cuda_kernel_fn(sym);
-    if (!fn) {
-        snprintf(why, cap, "keel_cuda_kernel_fn does not know %s", sym);
-        return false;
-    }
-    cudaFuncAttributes fa;
-    cudaError_t e = cudaFuncGetAttributes(&fa, fn);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        snprintf(why, cap, "no image of %s for this device: %s", sym, cudaGetErrorString(e));
-        return false;
-    }
-    int dev = 0, optin = 0;
-    KEEL_CUDA_CHECK(cudaGetDevice(&dev));
-    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (fa.maxThreadsPerBlock < kThreads) {
-        snprintf(why, cap, "the %d-bit tile allows %d threads a block, it launches %d", B, fa.maxThreadsPerBlock,
-                 kThreads);
-        return false;
-    }
-    if ((size_t)optin < (size_t)kSmemBytes + fa.sharedSizeBytes) {
-        snprintf(why, cap, "the %d-bit tile needs %zu bytes of shared memory, the device allows %d a block", B,
-                 (size_t)kSmemBytes + fa.sharedSizeBytes, optin);
-        return false;
-    }
-    return true;
+    return twin_probe(keel_cuda_kernel_fn(sym), sym, kThreads, (size_t)kSmemBytes, why, cap);
 }
 
 template <bool XF16> static bool probe_bits(int bits, char *why, size_t cap) {
