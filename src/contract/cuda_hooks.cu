@@ -12,10 +12,19 @@ struct pooled {
     void *p;
     size_t bytes;
     bool used;
+    unsigned long long stamp; /* g_clock when it was last handed out or written from the host */
 };
 
 pooled *g_pool = nullptr;
 int g_n = 0, g_cap = 0;
+unsigned long long g_clock = 0;
+
+pooled *owner(const void *p) {
+    for (int i = 0; i < g_n; i++)
+        if ((const char *)p >= (const char *)g_pool[i].p && (const char *)p < (const char *)g_pool[i].p + g_pool[i].bytes)
+            return &g_pool[i];
+    return nullptr;
+}
 
 } // namespace
 
@@ -24,6 +33,7 @@ extern "C" void *keel_contract_cuda_alloc(size_t bytes) {
     for (int i = 0; i < g_n; i++)
         if (!g_pool[i].used && g_pool[i].bytes == bytes) {
             g_pool[i].used = true;
+            g_pool[i].stamp = ++g_clock;
             return g_pool[i].p;
         }
     if (g_n == g_cap) {
@@ -32,7 +42,7 @@ extern "C" void *keel_contract_cuda_alloc(size_t bytes) {
     }
     void *p = nullptr;
     KEEL_CUDA_CHECK(cudaMalloc(&p, bytes));
-    g_pool[g_n++] = pooled{p, bytes, true};
+    g_pool[g_n++] = pooled{p, bytes, true, ++g_clock};
     return p;
 }
 
@@ -47,6 +57,14 @@ extern "C" void keel_contract_cuda_release(void *p) {
 
 extern "C" void keel_contract_cuda_upload(void *dst, const void *src, size_t bytes) {
     KEEL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    pooled *o = owner(dst);
+    if (o) o->stamp = ++g_clock;
+}
+
+extern "C" unsigned long long keel_contract_cuda_stamp(const void *p) {
+    const pooled *o = owner(p);
+    KEEL_ASSERTF(o && o->used, "contract: stamp of a device pointer the pool does not hold");
+    return o->stamp;
 }
 
 extern "C" void keel_contract_cuda_download(void *dst, const void *src, size_t bytes) {

@@ -22,6 +22,9 @@ void *keel_contract_cuda_alloc(size_t bytes);
 void keel_contract_cuda_release(void *p);
 void keel_contract_cuda_upload(void *dst, const void *src, size_t bytes);
 void keel_contract_cuda_download(void *dst, const void *src, size_t bytes);
+/* The stamp of the pooled buffer holding p: it changes whenever that buffer is handed out again or written from the
+ * host, so a copy derived from its contents (the packed tile's) is current while the stamp is the same. */
+unsigned long long keel_contract_cuda_stamp(const void *p);
 /* Waits for the device; false with the runtime's reason when a launch or the device reported an error. */
 bool keel_contract_cuda_sync(char *why, size_t cap);
 

@@ -140,19 +140,12 @@ struct Packed {
             mem.push_back(b);
         }
     }
-    /* The packed tile's copies of the same matrices (keel_cuda_pack on a host copy); false (with the reason) if it
-     * has none. */
+    /* The packed tile's copies of the same matrices; false (with the reason) if it has none. */
     std::vector<keel_cuda_pw> pw;
     bool pack(char *why, size_t cap) {
         for (const keel_cuda_qw &q : w) {
-            const size_t cw = (size_t)q.n * ((size_t)q.k * q.bits / 32) * 4, sb = (size_t)q.n * (q.k / q.group) * 2;
-            std::vector<uint8_t> hw(cw), hs(sb), hb(sb);
-            keel_cuda_download(hw.data(), q.w, cw);
-            keel_cuda_download(hs.data(), q.scales, sb);
-            keel_cuda_download(hb.data(), q.biases, sb);
-            const keel_qmat host = {q.n, q.k, q.bits, q.group, q.sdt, (const uint32_t *)hw.data(), hs.data(), hb.data()};
             keel_cuda_pw o;
-            if (!keel_cuda_pack_upload(&host, &o, why, cap)) return false;
+            if (!keel_cuda_pack_upload_qw(&q, &o, why, cap)) return false;
             mem.push_back((void *)o.w);
             pw.push_back(o);
         }

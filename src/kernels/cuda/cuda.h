@@ -153,6 +153,9 @@ bool keel_cuda_pack(const keel_qmat *W, void *dst, size_t cap, char *why, size_t
 /* keel_cuda_pack of W (host memory) into a new device allocation described by out (owner: the caller, who frees
  * out->w with keel_cuda_free); false with the reason, nothing allocated, where keel_cuda_pack refuses. */
 bool keel_cuda_pack_upload(const keel_qmat *W, keel_cuda_pw *out, char *why, size_t why_cap);
+/* keel_cuda_pack_upload of a matrix already on the device (of a stack, the first n rows): read back, packed on the
+ * host, uploaded; the same ownership and refusals (and out of host memory). */
+bool keel_cuda_pack_upload_qw(const keel_cuda_qw *W, keel_cuda_pw *out, char *why, size_t why_cap);
 /* y (m, n) = epi(x (m, k) . dequant(W)^T), m = 1..8, as keel_cuda_stream_matmul. */
 void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void *x, keel_dtype xdt, int m, void *y,
                                     keel_dtype ydt, keel_epilogue epi, void *stream);

@@ -325,6 +325,25 @@ extern "C" bool keel_cuda_pack_upload(const keel_qmat *W, keel_cuda_pw *out, cha
                           .sdt = W->sdt};
     return true;
 }
+
+extern "C" bool keel_cuda_pack_upload_qw(const keel_cuda_qw *W, keel_cuda_pw *out, char *why, size_t why_cap) {
+    KEEL_ASSERT(W && out);
+    const size_t cw = (size_t)W->n * keel_quant_row_words(W->k, W->bits) * 4;
+    const size_t sb = (size_t)W->n * (W->k / W->group) * keel_dtype_size(W->sdt);
+    void *hw = malloc(cw ? cw : 1), *hs = malloc(sb ? sb : 1), *hb = malloc(sb ? sb : 1);
+    bool ok = hw && hs && hb;
+    if (!ok) {
+        snprintf(why, why_cap, "packed tile: out of host memory for a %zu-byte read-back", cw + 2 * sb);
+    } else {
+        keel_cuda_download(hw, W->w, cw);
+        keel_cuda_download(hs, W->scales, sb);
+        keel_cuda_download(hb, W->biases, sb);
+        const keel_qmat host = {W->n, W->k, W->bits, W->group, W->sdt, (const uint32_t *)hw, hs, hb};
+        ok = keel_cuda_pack_upload(&host, out, why, why_cap);
+    }
+    free(hw), free(hs), free(hb);
+    return ok;
+}
 #endif
 
 extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void *x, keel_dtype xdt, int m, void *y,
