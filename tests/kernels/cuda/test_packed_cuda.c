@@ -132,7 +132,12 @@ static void test_bits_and_chunks(void **state) {
 static void test_large_equal(void **state) {
     (void)state;
     const int n = 64 * 160 + 9, k = 2688; /* more row tiles than a chip has SMs */
-    if (keel_cuda_stream_splits(n, k, 0) != 1) skip();
+    const int splits = keel_cuda_stream_splits(n, k, 0);
+    if (splits != 1) { /* the ring tile's bits differ where it splits k: nothing to compare with */
+        printf("skip: test_large_equal: the ring tile splits n=%d k=%d %d ways on this device (%d SMs), so its bits are "
+               "not the packed tile's\n", n, k, splits, keel_cuda_sm_count());
+        skip();
+    }
     for (int bits = 2; bits <= 8; bits += 2) {
         qm q;
         qm_make(&q, n, k, bits, 64, KEEL_DT_BF16);
