@@ -139,11 +139,16 @@ typedef struct keel_cuda_pw {
 #define KEEL_CUDA_PACKED_SMEM (KEEL_CUDA_PACKED_XBYTES + KEEL_CUDA_PACKED_XBYTES / 2 / 32 * 4)
 /* The layout: tiles of KEEL_CUDA_PACK_ROWS rows, each a run of spans of KEEL_CUDA_PACK_SPAN codes (k padded with
  * zeros), each span a record of KEEL_CUDA_PACK_REC bytes: the 32 lanes' codes (lane 4g + t: 8 items of `bits` bytes,
- * item 2b + h the bytes of codes 8t..8t+7 of block b of row g + 8h), then per row pair g and group of the span the
- * halves scale(g), bias(g), scale(g + 8), bias(g + 8). */
+ * item 2b + h the bytes of codes 8t..8t+7 of block b of row g + 8h; the lane's byte j at KEEL_CUDA_PACK_AT, in
+ * chunks of KEEL_CUDA_PACK_CHUNK bytes, chunk-major so a warp's load of one chunk is contiguous), then per row pair g
+ * and group of the span the halves scale(g), bias(g), scale(g + 8), bias(g + 8). */
 #define KEEL_CUDA_PACK_ROWS 16
 #define KEEL_CUDA_PACK_SPAN 128
 #define KEEL_CUDA_PACK_REC(bits, group) (256 * (bits) + 64 * (KEEL_CUDA_PACK_SPAN / (group)))
+#define KEEL_CUDA_PACK_CHUNK(bits) ((bits) % 2 ? 8 : 16)
+#define KEEL_CUDA_PACK_AT(bits, lane, j)                                                                              \
+    ((j) / KEEL_CUDA_PACK_CHUNK(bits) * 32 * KEEL_CUDA_PACK_CHUNK(bits) + (lane) * KEEL_CUDA_PACK_CHUNK(bits) +      \
+     (j) % KEEL_CUDA_PACK_CHUNK(bits))
 /* Bytes the packed form of an (n, k) matrix takes; 0 for an invalid shape. Host code (pack.c), no device needed. */
 size_t keel_cuda_pack_bytes(int n, int k, int bits, int group);
 /* Writes the packed form of W (host memory, one matrix, BF16 or F16 scales) into dst (host, cap bytes), to be

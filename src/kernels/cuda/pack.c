@@ -37,15 +37,16 @@ bool keel_cuda_pack(const keel_qmat *W, void *dst, size_t cap, char *why, size_t
     for (int T = 0; T < tiles; T++)
         for (int s = 0; s < spans; s++) {
             uint8_t *r = out + ((size_t)T * spans + s) * rec;
-            /* lane (g, t): item 2b + h holds bytes B*t .. B*t + B-1 of block 4s + b of row 16T + g + 8h */
+            /* lane (g, t): item 2b + h holds bytes B*t .. B*t + B-1 of block 4s + b of row 16T + g + 8h; byte j of
+             * the lane's 8B goes to chunk j / C at lane C + j % C (the warp's loads of a chunk are contiguous) */
             for (int lane = 0; lane < 32; lane++)
-                for (int item = 0; item < 8; item++) {
-                    const int row = T * KEEL_CUDA_PACK_ROWS + (lane >> 2) + 8 * (item & 1), blk = 4 * s + (item >> 1);
-                    uint8_t *d = r + lane * 8 * B + item * B;
-                    if (row < W->n && blk < blocks)
-                        memcpy(d, codes + (size_t)row * row_bytes + (size_t)blk * 4 * B + (size_t)B * (lane & 3), B);
-                    else
-                        memset(d, 0, B);
+                for (int j = 0; j < 8 * B; j++) {
+                    const int item = j / B, row = T * KEEL_CUDA_PACK_ROWS + (lane >> 2) + 8 * (item & 1);
+                    const int blk = 4 * s + (item >> 1);
+                    r[KEEL_CUDA_PACK_AT(B, lane, j)] =
+                        row < W->n && blk < blocks
+                            ? codes[(size_t)row * row_bytes + (size_t)blk * 4 * B + (size_t)B * (lane & 3) + j % B]
+                            : 0;
                 }
             /* row pair g: per group of the span, the halves scale(g), bias(g), scale(g + 8), bias(g + 8) */
             uint8_t *q = r + 256 * B;

@@ -47,7 +47,8 @@ constexpr int kPkXBytes = KEEL_CUDA_PACKED_XBYTES; /* x fragments a block stages
 
 /* Per-width constants: how many spans a warp keeps in flight. */
 template <int B> struct PGeo {
-    static constexpr int D = B >= 5 ? 2 : 3;   /* register ring depth: D - 1 spans in flight */
+    /* register ring depth (D - 1 spans in flight); one deeper at 2 and 5 bits measured no faster */
+    static constexpr int D = B >= 5 ? 2 : 3;
 };
 
 struct PParams {
@@ -80,44 +81,46 @@ template <int B> struct Span {
     uint32_t s[8];
 };
 
-/* lgps: log2 of the span's groups (0..2), warp-uniform. */
-template <int B> __device__ __forceinline__ void load_span(Span<B> &S, const uint8_t *rec, int lane, int lgps) {
-    const uint8_t *pc = rec + lane * 8 * B;
+/* LGPS: log2 of the span's groups (0..2). */
+template <int B, int LGPS> __device__ __forceinline__ void load_span(Span<B> &S, const uint8_t *rec, int lane) {
+    const uint8_t *pc = rec + lane * KEEL_CUDA_PACK_CHUNK(B); /* chunk i at pc + 32 * chunk * i */
     if constexpr (B % 2 == 0) {
 #pragma unroll
         for (int i = 0; i < B / 2; i++) {
-            const uint4 v = kp_ldg16(pc + 16 * i);
+            const uint4 v = kp_ldg16_stream(pc + 512 * i);
             S.c[4 * i] = v.x, S.c[4 * i + 1] = v.y, S.c[4 * i + 2] = v.z, S.c[4 * i + 3] = v.w;
         }
     } else {
 #pragma unroll
         for (int i = 0; i < B; i++) {
-            const uint2 v = kp_ldg8(pc + 8 * i);
+            const uint2 v = kp_ldg8_stream(pc + 256 * i);
             S.c[2 * i] = v.x, S.c[2 * i + 1] = v.y;
         }
     }
-    const uint8_t *ps = rec + 256 * B + (lane >> 2) * (8 << lgps);
-    if (lgps == 0) {
+    const uint8_t *ps = rec + 256 * B + (lane >> 2) * (8 << LGPS);
+    if constexpr (LGPS == 0) {
         const uint2 v = kp_ldg8(ps);
         S.s[0] = v.x, S.s[1] = v.y;
     } else {
         const uint4 v = kp_ldg16(ps);
         S.s[0] = v.x, S.s[1] = v.y, S.s[2] = v.z, S.s[3] = v.w;
-        if (lgps == 2) {
+        if constexpr (LGPS == 2) {
             const uint4 u = kp_ldg16(ps + 16);
             S.s[4] = u.x, S.s[5] = u.y, S.s[6] = u.z, S.s[7] = u.w;
         }
     }
 }
 
-__device__ __forceinline__ float half_to_f32(uint32_t h, bool bf) { return bf ? kp_bf16_to_f32((uint16_t)h) : kp_f16_to_f32((uint16_t)h); }
+template <bool SBF> __device__ __forceinline__ float half_to_f32(uint32_t h) {
+    return SBF ? kp_bf16_to_f32((uint16_t)h) : kp_f16_to_f32((uint16_t)h);
+}
 
-/* One span of a warp's 16 rows: per group of bpg blocks (1, 2 or 4; warp-uniform) the ring tile's two mma per
- * block and its group end. xb: x fragments of the span's first block for this thread's x row (xsw: that row's pair
+/* One span of a warp's 16 rows: per group of 2^LG blocks (1, 2 or 4) the ring tile's two mma per block and its
+ * group end. xb: x fragments of the span's first block for this thread's x row (xsw: that row's pair
  * swap); xsa/xsb: x sums of its columns' first group. ONE (m = 1): the odd columns' group ends are left out. */
-template <int B, bool XF16, bool ONE>
+template <int B, bool XF16, bool ONE, int LG, bool SBF>
 __device__ __forceinline__ void span_body(const Span<B> &S, const uint4 *xb, int xsw, const float *xsa,
-                                          const float *xsb, int lbpg, bool bf, float acc[4]) {
+                                          const float *xsb, float acc[4]) {
     float Sm[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int jb = 0; jb < 4; jb++) {
@@ -129,13 +132,12 @@ __device__ __forceinline__ void span_body(const Span<B> &S, const uint4 *xb, int
         const uint32_t a1[4] = {pa[2], pb[2], pa[3], pb[3]}, b1[2] = {xv.z, xv.w};
         kp_mma_16816<XF16>(Sm, a0, b0);
         kp_mma_16816<XF16>(Sm, a1, b1);
-        if (((jb + 1) & ((1 << lbpg) - 1)) != 0) continue; /* the group goes on */
-        const int gs = jb >> lbpg;
+        if (((jb + 1) & ((1 << LG) - 1)) != 0) continue; /* the group goes on */
+        const int gs = jb >> LG;
         /* (scale, bias) of rows g and g + 8: register indices constant for every group size */
-        const uint32_t w0 = lbpg == 0 ? S.s[2 * jb] : lbpg == 1 ? S.s[2 * (jb >> 1)] : S.s[0];
-        const uint32_t w1 = lbpg == 0 ? S.s[2 * jb + 1] : lbpg == 1 ? S.s[2 * (jb >> 1) + 1] : S.s[1];
-        const float s0 = half_to_f32(w0 & 0xffffu, bf), b0v = half_to_f32(w0 >> 16, bf);
-        const float s1 = half_to_f32(w1 & 0xffffu, bf), b1v = half_to_f32(w1 >> 16, bf);
+        const uint32_t w0 = S.s[2 * gs], w1 = S.s[2 * gs + 1];
+        const float s0 = half_to_f32<SBF>(w0 & 0xffffu), b0v = half_to_f32<SBF>(w0 >> 16);
+        const float s1 = half_to_f32<SBF>(w1 & 0xffffu), b1v = half_to_f32<SBF>(w1 >> 16);
         const float xs0 = xsa[gs];
         if constexpr (kOffset<B, XF16> != 0.f) { /* the codes' offset out: one rounding (kOffset * xs is exact) */
             Sm[0] = __fmaf_rn(-kOffset<B, XF16>, xs0, Sm[0]);
@@ -172,11 +174,10 @@ __device__ __forceinline__ void store_tile(const PParams &P, int tile, int lane,
 /* A warp's walk over spans [s0, s1) of its tiles tile0, tile0 + step, ... (nt of them), D spans in flight across
  * tile boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one
  * tile, a chunk of its k) leaves its sums in acc. */
-template <int B, bool XF16, bool ONE>
+template <int B, bool XF16, bool ONE, int LG, bool SBF>
 __device__ __forceinline__ void walk(const PParams &P, int tile0, int step, int nt, int s0, int s1, bool final,
                                      const uint4 *xf, const float *xs, int nblk, int ngc, int lane, float acc[4]) {
     constexpr int D = PGeo<B>::D;
-    const int lbpg = 31 - __clz(P.group) - 5, lgps = 2 - lbpg;
     const int nsp = s1 - s0, total = nt * nsp;
     if (total <= 0) return;
     const int g = lane >> 2, t = lane & 3;
@@ -185,28 +186,30 @@ __device__ __forceinline__ void walk(const PParams &P, int tile0, int step, int 
     const int xsw = ONE ? 0 : (gx & 1) * 4;
     const float *xsa0 = xs + r0 * ngc, *xsb0 = xs + r1 * ngc;
     const long long tstride = (long long)P.ns * P.rec;
-    const bool bf = P.bf;
+    /* from just past a tile's last span of the range to the next tile's first: tiles are step apart */
+    const long long tjump = (long long)step * tstride - (long long)nsp * P.rec;
 
     Span<B> buf[D];
-    /* the load cursor: tile index lt (of nt), span ls; its record pointer */
-    int lt = 0, ls = 0;
+    /* the load cursor: its record pointer and the spans left in its tile (a count, no tile arithmetic a span) */
     const uint8_t *lp = P.w + (long long)tile0 * tstride + (long long)s0 * P.rec;
+    int lleft = nsp;
     auto advance = [&]() {
-        if (++ls == nsp) {
-            ls = 0;
-            ++lt;
-            lp = P.w + (long long)(tile0 + lt * step) * tstride + (long long)s0 * P.rec;
-        } else {
-            lp += P.rec;
+        lp += P.rec;
+        if (--lleft == 0) {
+            lp += tjump;
+            lleft = nsp;
         }
     };
 #pragma unroll
     for (int d = 0; d < D - 1; d++)
         if (d < total) {
-            load_span<B>(buf[d], lp, lane, lgps);
+            load_span<B, 2 - LG>(buf[d], lp, lane);
             advance();
         }
-    int ct = 0, cs = 0; /* the compute cursor */
+    /* the compute cursor: the tile's ordinal, the spans left in it, its x fragments and x sums */
+    int ct = 0, cleft = nsp;
+    const uint4 *xp = xrow;
+    const float *xsa = xsa0, *xsb = xsb0;
     for (int q0 = 0; q0 < total; q0 += D) {
 #pragma unroll
         for (int d = 0; d < D; d++) {
@@ -218,14 +221,14 @@ __device__ __forceinline__ void walk(const PParams &P, int tile0, int step, int 
             {
 #endif
                 if (q + D - 1 < total) {
-                    load_span<B>(buf[(d + D - 1) % D], lp, lane, lgps);
+                    load_span<B, 2 - LG>(buf[(d + D - 1) % D], lp, lane);
                     advance();
                 }
-                const int blk = cs * 4; /* first block of the span in the chunk */
-                span_body<B, XF16, ONE>(buf[d], xrow + blk * 4, xsw, xsa0 + (blk * 32) / P.group,
-                                        xsb0 + (blk * 32) / P.group, lbpg, bf, acc);
-                if (++cs == nsp) {
-                    cs = 0;
+                span_body<B, XF16, ONE, LG, SBF>(buf[d], xp, xsw, xsa, xsb, acc);
+                xp += 16, xsa += 4 >> LG, xsb += 4 >> LG; /* four blocks: 16 fragments, 4 / 2^LG groups */
+                if (--cleft == 0) {
+                    cleft = nsp;
+                    xp = xrow, xsa = xsa0, xsb = xsb0;
                     if (final) {
                         store_tile(P, tile0 + ct * step, lane, acc);
                         acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
@@ -237,7 +240,7 @@ __device__ __forceinline__ void walk(const PParams &P, int tile0, int step, int 
     }
 }
 
-template <int B, bool XF16, bool ONE>
+template <int B, bool XF16, bool ONE, int LG, bool SBF>
 __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *xs) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nchunk = (P.kp + P.xk - 1) / P.xk, spc = P.xk / kSpan;
@@ -255,10 +258,22 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
             __syncthreads();
             stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, xf, xs);
             __syncthreads();
-            walk<B, XF16, ONE>(P, tile, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
+            walk<B, XF16, ONE, LG, SBF>(P, tile, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
                                     lenp / 32, lenp / P.group, lane, acc);
         }
     }
+}
+
+template <int B, bool XF16, bool ONE, bool SBF>
+__device__ __forceinline__ void run_lg(const PParams &P, int lg, uint4 *xf, float *xs) {
+    if (lg == 0) packed_run<B, XF16, ONE, 0, SBF>(P, xf, xs);
+    else if (lg == 1) packed_run<B, XF16, ONE, 1, SBF>(P, xf, xs);
+    else packed_run<B, XF16, ONE, 2, SBF>(P, xf, xs);
+}
+template <int B, bool XF16, bool ONE>
+__device__ __forceinline__ void run_sdt(const PParams &P, int lg, uint4 *xf, float *xs) {
+    if (P.bf) run_lg<B, XF16, ONE, true>(P, lg, xf, xs);
+    else run_lg<B, XF16, ONE, false>(P, lg, xf, xs);
 }
 
 template <int B, bool XF16>
@@ -267,10 +282,12 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed(
     kp_grid_release();
     uint4 *xf = pk_smem;
     float *xs = (float *)(pk_smem + (size_t)P.m * P.xk / 8);
+    /* the group and the scale dtype at compile time: the group loop unrolls, one conversion a half */
+    const int lg = P.group == 32 ? 0 : P.group == 64 ? 1 : 2;
     if (P.m == 1) /* one activation row (decode): the odd columns' group ends left out */
-        packed_run<B, XF16, true>(P, xf, xs);
+        run_sdt<B, XF16, true>(P, lg, xf, xs);
     else
-        packed_run<B, XF16, false>(P, xf, xs);
+        run_sdt<B, XF16, false>(P, lg, xf, xs);
 }
 
 template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaStream_t st) {

@@ -201,6 +201,28 @@ static __device__ __forceinline__ uint2 kp_ldg8(const void *p) {
     return __ldg((const uint2 *)p);
 #endif
 }
+/* kp_ldg16/kp_ldg8 for data read once (weights streamed by the packed tile): no L1 allocation, L2 asked to fetch
+ * the whole 256-byte block around it (long DRAM bursts); the portable twin is the plain load. */
+static __device__ __forceinline__ uint4 kp_ldg16_stream(const void *p) {
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+#else
+    return kp_ldg16(p);
+#endif
+}
+static __device__ __forceinline__ uint2 kp_ldg8_stream(const void *p) {
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+#else
+    return kp_ldg8(p);
+#endif
+}
 
 /* A read-only 4-byte load through the non-coherent cache where the toolchain has one. */
 static __device__ __forceinline__ uint32_t kp_ldg32(const uint32_t *p) {

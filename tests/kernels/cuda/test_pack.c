@@ -52,10 +52,18 @@ static void check_layout(int n, int k, int bits, int group) {
         const int T = r / 16, h = (r % 16) / 8, g = r % 8;
         for (int j = 0; j < k; j++) {
             const int s = j / 128, b = (j % 128) / 32, t = (j % 32) / 8, e = j % 8;
-            const size_t at = ((size_t)T * spans + s) * rec + (size_t)(4 * g + t) * 8 * bits + (size_t)(2 * b + h) * bits;
-            if (code_at(p + at, bits, e) != (int)keel_quant_code(w + (size_t)r * rw, bits, j))
+            /* the lane's item 2b + h: its bytes (2b + h) bits .. + bits - 1, each in its chunk (chunk-major) */
+            const size_t rec0 = ((size_t)T * spans + s) * rec;
+            const int lane = 4 * g + t, chunk = bits % 2 ? 8 : 16;
+            uint8_t item[8];
+            for (int q = 0; q < bits; q++) {
+                const int jb = (2 * b + h) * bits + q;
+                const size_t at = rec0 + (size_t)(jb / chunk) * 32 * chunk + (size_t)lane * chunk + jb % chunk;
+                item[q] = p[at];
+                seen[at] = 1;
+            }
+            if (code_at(item, bits, e) != (int)keel_quant_code(w + (size_t)r * rw, bits, j))
                 fail_msg("n %d k %d bits %d: code (%d, %d) not where the layout puts it", n, k, bits, r, j);
-            for (int q = 0; q < bits; q++) seen[at + q] = 1;
         }
         for (int gr = 0; gr < k / group; gr++) {
             const int s = gr * group / 128, gi = gr % gps;
