@@ -5,8 +5,8 @@
  *   keel_cuda_stream_matmul_rows (up to 256 rows in 8-row groups): every width, group 64, BF16 scales, both
  *     activations, both outputs, both epilogues, run at m = 1..20 (three groups, the last partial) on a split k;
  *   keel_cuda_stream_matmul_packed: width x group x scale dtype {BF16,F16} x activation {BF16,F16} x (F32 and BF16
- *     plain, F32 fused relu2), each held to the ring tile's bits (gate 4), on a copy keel_cuda_pack makes per launch
- *     (on the host); controls from its own twin (twin_cuda_packed.cu);
+ *     plain, F32 fused relu2), each held to the ring tile's bits (gate 4), on a packed copy of the case's matrix made
+ *     once per case (packed_of); controls from its own twin (twin_cuda_packed.cu);
  *   keel_cuda_relu2: F32 and BF16;
  *   keel_cuda_stream_experts_up (fused relu2, and plain) and keel_cuda_stream_experts_down: every width and group,
  *     BF16 scales, both activations and outputs, with what they replace (cuda_routed.c runs their gates).
