@@ -12,6 +12,7 @@
 __device__ int g_pk_plant; /* the armed fault (KEEL_CONTRACT_PLANT_*) */
 
 #define KEEL_PK_PLANT_DECODE(B, XF16, v, p) KEEL_TWIN_DECODE(g_pk_plant, B, XF16, v, p)
+#define KEEL_PK_PLANT_FAST() (g_pk_plant != KEEL_CONTRACT_PLANT_WIDTH4)
 #define KEEL_PK_PLANT_BIAS(b) KEEL_TWIN_BIAS(g_pk_plant, b)
 /* Row 2t+1 of a thread's columns gets a trace (2^-22) of row 2t. */
 #define KEEL_PK_PLANT_ROWS(acc)                                                                                \

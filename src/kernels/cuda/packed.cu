@@ -21,6 +21,9 @@
 #ifndef KEEL_PK_PLANT_DECODE
 #define KEEL_PK_PLANT_DECODE(B, XF16, v, p) codes_to_pairs<B, XF16>(v, p)
 #endif
+#ifndef KEEL_PK_PLANT_FAST /* the 2-, 3-, 5- and 6-bit decodes from the lane words (the twin's width plant needs the generic one) */
+#define KEEL_PK_PLANT_FAST() true
+#endif
 #ifndef KEEL_PK_PLANT_BIAS
 #define KEEL_PK_PLANT_BIAS(b) (b)
 #endif
@@ -111,6 +114,43 @@ template <int B, int LGPS> __device__ __forceinline__ void load_span(Span<B> &S,
     }
 }
 
+/* A 6-bit item (8 codes, 6 bytes from byte OB of lo:hi) as codes_to_pairs<6>'s operand words: bytes 0,1,3,4 hold
+ * codes 0, 1 | 4, 5 at bits 0, 6 | 16, 22, and bytes 1,2,4,5 codes 2, 3 | 6, 7 at 4, 10 | 20, 26. */
+template <bool XF16, int OB> __device__ __forceinline__ void six_to_pairs(uint32_t lo, uint32_t hi, uint32_t p[4]) {
+    constexpr uint32_t magic = XF16 ? 0x64006400u : 0x43004300u, mm = 0x003f003fu;
+    constexpr uint32_t sx = OB | (OB + 1) << 4 | (OB + 3) << 8 | (OB + 4) << 12;
+    constexpr uint32_t sy = (OB + 1) | (OB + 2) << 4 | (OB + 4) << 8 | (OB + 5) << 12;
+    const uint32_t x = __byte_perm(lo, hi, sx), y = __byte_perm(lo, hi, sy);
+    const uint32_t q[4] = {kp_and_or(x, mm, magic), kp_and_or(x >> 6, mm, magic), kp_and_or(y >> 4, mm, magic),
+                           kp_and_or(y >> 10, mm, magic)};
+#pragma unroll
+    for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : q[i]; /* bf16: 128 + c kept */
+}
+
+/* Bits [n, n + 32) of hi:lo, zeros below bit 0 (n in -31..63, constant wherever the span's loop unrolls). */
+__device__ __forceinline__ uint32_t bits_at(uint32_t lo, uint32_t hi, int n) {
+    return n < 0 ? lo << -n : n == 0 ? lo : n < 32 ? __funnelshift_r(lo, hi, n) : hi >> (n - 32);
+}
+
+/* A 3-bit item (8 codes, 3 bytes from byte ob of lo:hi) as codes_to_pairs<3>'s operand words: codes 0-3 are bits
+ * 0-11 of the item, codes 4-7 bits 12-23, so one select of the item and the item moved up 4 bits. */
+template <bool XF16> __device__ __forceinline__ void three_to_pairs(uint32_t lo, uint32_t hi, int ob, uint32_t p[4]) {
+    halves_to_pairs<3, XF16>(__byte_perm(bits_at(lo, hi, 8 * ob), bits_at(lo, hi, 8 * ob - 4), 0x7610u), p);
+}
+
+/* A 5-bit item (8 codes, 5 bytes from byte ob of lo:hi) as codes_to_pairs<5>'s operand words: codes 0, 1 | 4, 5
+ * are bits 0-9 | 20-29 of the item, codes 2, 3 | 6, 7 bits 10-19 | 30-39; each half-word pair is one select. */
+template <bool XF16> __device__ __forceinline__ void five_to_pairs(uint32_t lo, uint32_t hi, int ob, uint32_t p[4]) {
+    constexpr uint32_t magic = XF16 ? 0x64006400u : 0x43004300u, mm = 0x001f001fu;
+    const int b = 8 * ob;
+    const uint32_t w1 = __byte_perm(bits_at(lo, hi, b), bits_at(lo, hi, b + 4), 0x7610u);
+    const uint32_t w2 = __byte_perm(bits_at(lo, hi, b + 10), bits_at(lo, hi, b + 14), 0x7610u);
+    const uint32_t q[4] = {kp_and_or(w1, mm, magic), kp_and_or(w1 >> 5, mm, magic), kp_and_or(w2, mm, magic),
+                           kp_and_or(w2 >> 5, mm, magic)};
+#pragma unroll
+    for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : q[i]; /* bf16: 128 + c kept */
+}
+
 template <bool SBF> __device__ __forceinline__ float half_to_f32(uint32_t h) {
     return SBF ? kp_bf16_to_f32((uint16_t)h) : kp_f16_to_f32((uint16_t)h);
 }
@@ -125,8 +165,25 @@ __device__ __forceinline__ void span_body(const Span<B> &S, const uint4 *xb, int
 #pragma unroll
     for (int jb = 0; jb < 4; jb++) {
         uint32_t pa[4], pb[4];
-        KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb), pa);
-        KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb + 1), pb);
+        if (B == 2 && KEEL_PK_PLANT_FAST()) { /* word jb (a0 a1 b0 b1) as (a0 b0 a1 b1): both items' halves */
+            const uint32_t w = __byte_perm(S.c[jb], 0u, 0x3120u);
+            halves_to_pairs<2, XF16>(w, pa);
+            halves_to_pairs<2, XF16>(w >> 8, pb);
+        } else if (B == 3 && KEEL_PK_PLANT_FAST()) { /* item i at byte 3i */
+            const int oa = 6 * jb, ob = 6 * jb + 3;
+            three_to_pairs<XF16>(S.c[(oa / 4) % (2 * B)], S.c[(oa / 4 + 1) % (2 * B)], oa % 4, pa);
+            three_to_pairs<XF16>(S.c[(ob / 4) % (2 * B)], S.c[(ob / 4 + 1) % (2 * B)], ob % 4, pb);
+        } else if (B == 5 && KEEL_PK_PLANT_FAST()) { /* item i at byte 5i */
+            const int oa = 10 * jb, ob = 10 * jb + 5;
+            five_to_pairs<XF16>(S.c[(oa / 4) % (2 * B)], S.c[(oa / 4 + 1) % (2 * B)], oa % 4, pa);
+            five_to_pairs<XF16>(S.c[(ob / 4) % (2 * B)], S.c[(ob / 4 + 1) % (2 * B)], ob % 4, pb);
+        } else if (B == 6 && KEEL_PK_PLANT_FAST()) { /* item 2jb at byte 12jb, item 2jb + 1 at 12jb + 6 */
+            six_to_pairs<XF16, 0>(S.c[(3 * jb) % (2 * B)], S.c[(3 * jb + 1) % (2 * B)], pa);
+            six_to_pairs<XF16, 2>(S.c[(3 * jb + 1) % (2 * B)], S.c[(3 * jb + 2) % (2 * B)], pb);
+        } else {
+            KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb), pa);
+            KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb + 1), pb);
+        }
         const uint4 xv = xb[jb * 4 + ((jb & 1) ? -xsw : xsw)]; /* xf_at's pair swap of odd rows */
         const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, b0[2] = {xv.x, xv.y};
         const uint32_t a1[4] = {pa[2], pb[2], pa[3], pb[3]}, b1[2] = {xv.z, xv.w};
@@ -292,17 +349,24 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed(
 
 template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaStream_t st) {
     static bool attr = false;
-    static int bps[KEEL_CUDA_STREAM_MAX_ROWS + 1] = {0}; /* blocks an SM by m (the shared memory differs) */
+    /* blocks an SM by shared memory (it depends on m, the chunk and the group), the last kPkOcc sizes seen */
+    enum { kPkOcc = 16 };
+    static struct { size_t smem; int bps; } occ[kPkOcc];
+    static int nocc = 0;
     const void *fn = (const void *)stream_packed<B, XF16>;
     if (!attr) {
         KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, KEEL_CUDA_PACKED_SMEM));
         attr = true;
     }
-    if (bps[P.m] == 0) {
-        KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps[P.m], fn, kPkThreads, smem));
-        if (bps[P.m] < 1) bps[P.m] = 1;
+    int bps = 0;
+    for (int i = 0; i < nocc && i < kPkOcc; i++)
+        if (occ[i].smem == smem) bps = occ[i].bps;
+    if (bps == 0) {
+        KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fn, kPkThreads, smem));
+        if (bps < 1) bps = 1;
+        occ[nocc % kPkOcc].smem = smem, occ[nocc % kPkOcc].bps = bps, nocc++;
     }
-    const long long want = (P.tiles + kPkWarps - 1) / kPkWarps, fill = (long long)bps[P.m] * keel_cuda_sm_count();
+    const long long want = (P.tiles + kPkWarps - 1) / kPkWarps, fill = (long long)bps * keel_cuda_sm_count();
     const unsigned blocks = (unsigned)(want < fill ? want : fill);
     KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, P);
     KEEL_CUDA_CHECK_LAUNCH();

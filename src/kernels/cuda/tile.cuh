@@ -21,6 +21,16 @@ __device__ __forceinline__ void store_out(void *y, long long i, float v, int bf1
  * in (the group end takes 128 sum(x) off S); f16 (magic 1024) and 8 bits remove it per code pair. */
 template <int B, bool XF16> constexpr float kOffset = (!XF16 && B != 8) ? 128.f : 0.f;
 
+/* Codes c0..c3 at bits B*i of w and c4..c7 at 16 + B*i (B <= 4) as codes_to_pairs's four operand words. */
+template <int B, bool XF16> __device__ __forceinline__ void halves_to_pairs(uint32_t w, uint32_t p[4]) {
+    constexpr uint32_t magic = XF16 ? 0x64006400u : 0x43004300u, mm = ((1u << B) - 1u) * 0x00010001u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t q = kp_and_or(w >> (B * i), mm, magic);
+        p[i] = XF16 ? kp_sub_f16x2(q, magic) : q; /* bf16: 128 + c kept */
+    }
+}
+
 /* The 8 codes c0..c7 of one thread (bits B each, LSB first in v) as four operand words, word i holding
  * (c_i + kOffset, c_{i+4} + kOffset) as exact bf16 or f16 integers: or-ed under a magic exponent. */
 template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsigned long long v, uint32_t p[4]) {
@@ -40,14 +50,12 @@ template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsig
         }
         return;
     } else {
-        uint32_t q[4];
         if constexpr (B == 2 || B == 3 || B == 4) { /* c0..c3 fit a half: one word, codes i and i+4 side by side */
-            constexpr uint32_t mm = ((1u << B) - 1u) * 0x00010001u, lowm = (1u << (4 * B)) - 1u;
+            constexpr uint32_t lowm = (1u << (4 * B)) - 1u;
             const uint32_t u = (uint32_t)v;
-            const uint32_t w = B == 4 ? u : (u & lowm) | ((u << (16 - 4 * B)) & (lowm << 16));
-#pragma unroll
-            for (int i = 0; i < 4; i++) q[i] = kp_and_or(w >> (B * i), mm, magic);
+            halves_to_pairs<B, XF16>(B == 4 ? u : (u & lowm) | ((u << (16 - 4 * B)) & (lowm << 16)), p);
         } else { /* 5, 6 bits: two words, codes (0,1 | 4,5) and (2,3 | 6,7) */
+            uint32_t q[4];
             constexpr uint32_t m2 = (1u << (2 * B)) - 1u, mm = ((1u << B) - 1u) * 0x00010001u;
             const uint32_t w1 = ((uint32_t)v & m2) | (((uint32_t)(v >> (4 * B)) & m2) << 16);
             const uint32_t w2 = ((uint32_t)(v >> (2 * B)) & m2) | (((uint32_t)(v >> (6 * B)) & m2) << 16);
@@ -55,9 +63,9 @@ template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsig
             q[1] = kp_and_or(w1 >> B, mm, magic);
             q[2] = kp_and_or(w2, mm, magic);
             q[3] = kp_and_or(w2 >> B, mm, magic);
-        }
 #pragma unroll
-        for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : q[i]; /* bf16: 128 + c kept */
+            for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : q[i]; /* bf16: 128 + c kept */
+        }
     }
 }
 
