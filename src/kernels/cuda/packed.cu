@@ -48,10 +48,16 @@ constexpr int kPkXBytes = KEEL_CUDA_PACKED_XBYTES; /* x fragments a block stages
 #define KEEL_PK_MIN_BLOCKS 2
 #endif
 
-/* Per-width constants: how many spans a warp keeps in flight. */
-template <int B> struct PGeo {
-    /* register ring depth (D - 1 spans in flight); one deeper at 2 and 5 bits measured no faster */
-    static constexpr int D = B >= 5 ? 2 : 3;
+#ifndef KEEL_PK_STREAMS /* tiles a warp walks side by side at width B, m = 1 (ONE) or more rows */
+#define KEEL_PK_STREAMS(B, ONE, LG) ((B) <= 5 && (ONE) && (LG) >= 1 ? 2 : 1)
+#endif
+
+/* Per-width constants: how many tiles a warp walks at once and how many spans of each it keeps in flight. */
+template <int B, bool ONE, int LG> struct PGeo {
+    /* T tiles side by side: T independent decode and mma chains a warp, sharing each span's x fragments */
+    static constexpr int T = KEEL_PK_STREAMS(B, ONE, LG);
+    /* register ring depth (D - 1 spans of each tile in flight) */
+    static constexpr int D = T == 1 && B < 5 ? 3 : 2;
 };
 
 struct PParams {
@@ -155,63 +161,82 @@ template <bool SBF> __device__ __forceinline__ float half_to_f32(uint32_t h) {
     return SBF ? kp_bf16_to_f32((uint16_t)h) : kp_f16_to_f32((uint16_t)h);
 }
 
-/* One span of a warp's 16 rows: per group of 2^LG blocks (1, 2 or 4) the ring tile's two mma per block and its
- * group end. xb: x fragments of the span's first block for this thread's x row (xsw: that row's pair
- * swap); xsa/xsb: x sums of its columns' first group. ONE (m = 1): the odd columns' group ends are left out. */
-template <int B, bool XF16, bool ONE, int LG, bool SBF>
-__device__ __forceinline__ void span_body(const Span<B> &S, const uint4 *xb, int xsw, const float *xsa,
-                                          const float *xsb, float acc[4]) {
-    float Sm[4] = {0.f, 0.f, 0.f, 0.f};
+/* The operand words of block jb of a lane's span: items 2jb (pa) and 2jb + 1 (pb). */
+template <int B, bool XF16>
+__device__ __forceinline__ void block_pairs(const Span<B> &S, int jb, uint32_t pa[4], uint32_t pb[4]) {
+    if (B == 2 && KEEL_PK_PLANT_FAST()) { /* word jb (a0 a1 b0 b1) as (a0 b0 a1 b1): both items' halves */
+        const uint32_t w = __byte_perm(S.c[jb], 0u, 0x3120u);
+        halves_to_pairs<2, XF16>(w, pa);
+        halves_to_pairs<2, XF16>(w >> 8, pb);
+    } else if (B == 3 && KEEL_PK_PLANT_FAST()) { /* item i at byte 3i */
+        const int oa = 6 * jb, ob = 6 * jb + 3;
+        three_to_pairs<XF16>(S.c[(oa / 4) % (2 * B)], S.c[(oa / 4 + 1) % (2 * B)], oa % 4, pa);
+        three_to_pairs<XF16>(S.c[(ob / 4) % (2 * B)], S.c[(ob / 4 + 1) % (2 * B)], ob % 4, pb);
+    } else if (B == 5 && KEEL_PK_PLANT_FAST()) { /* item i at byte 5i */
+        const int oa = 10 * jb, ob = 10 * jb + 5;
+        five_to_pairs<XF16>(S.c[(oa / 4) % (2 * B)], S.c[(oa / 4 + 1) % (2 * B)], oa % 4, pa);
+        five_to_pairs<XF16>(S.c[(ob / 4) % (2 * B)], S.c[(ob / 4 + 1) % (2 * B)], ob % 4, pb);
+    } else if (B == 6 && KEEL_PK_PLANT_FAST()) { /* item 2jb at byte 12jb, item 2jb + 1 at 12jb + 6 */
+        six_to_pairs<XF16, 0>(S.c[(3 * jb) % (2 * B)], S.c[(3 * jb + 1) % (2 * B)], pa);
+        six_to_pairs<XF16, 2>(S.c[(3 * jb + 1) % (2 * B)], S.c[(3 * jb + 2) % (2 * B)], pb);
+    } else {
+        KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb), pa);
+        KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb + 1), pb);
+    }
+}
+
+/* One span of T tiles of a warp's 16 rows each: per group of 2^LG blocks (1, 2 or 4) the ring tile's two mma per
+ * block and its group end, the tiles' chains interleaved. xb: x fragments of the span's first block for this
+ * thread's x row (xsw: that row's pair swap); xsa/xsb: x sums of its columns' first group. ONE (m = 1): the odd
+ * columns' group ends are left out. */
+template <int B, bool XF16, bool ONE, int LG, bool SBF, int T>
+__device__ __forceinline__ void span_body(const Span<B> *Sp, const uint4 *xb, int xsw, const float *xsa,
+                                          const float *xsb, float (*accp)[4]) {
+    float Sms[T][4];
+#pragma unroll
+    for (int u = 0; u < T; u++) Sms[u][0] = Sms[u][1] = Sms[u][2] = Sms[u][3] = 0.f;
 #pragma unroll
     for (int jb = 0; jb < 4; jb++) {
-        uint32_t pa[4], pb[4];
-        if (B == 2 && KEEL_PK_PLANT_FAST()) { /* word jb (a0 a1 b0 b1) as (a0 b0 a1 b1): both items' halves */
-            const uint32_t w = __byte_perm(S.c[jb], 0u, 0x3120u);
-            halves_to_pairs<2, XF16>(w, pa);
-            halves_to_pairs<2, XF16>(w >> 8, pb);
-        } else if (B == 3 && KEEL_PK_PLANT_FAST()) { /* item i at byte 3i */
-            const int oa = 6 * jb, ob = 6 * jb + 3;
-            three_to_pairs<XF16>(S.c[(oa / 4) % (2 * B)], S.c[(oa / 4 + 1) % (2 * B)], oa % 4, pa);
-            three_to_pairs<XF16>(S.c[(ob / 4) % (2 * B)], S.c[(ob / 4 + 1) % (2 * B)], ob % 4, pb);
-        } else if (B == 5 && KEEL_PK_PLANT_FAST()) { /* item i at byte 5i */
-            const int oa = 10 * jb, ob = 10 * jb + 5;
-            five_to_pairs<XF16>(S.c[(oa / 4) % (2 * B)], S.c[(oa / 4 + 1) % (2 * B)], oa % 4, pa);
-            five_to_pairs<XF16>(S.c[(ob / 4) % (2 * B)], S.c[(ob / 4 + 1) % (2 * B)], ob % 4, pb);
-        } else if (B == 6 && KEEL_PK_PLANT_FAST()) { /* item 2jb at byte 12jb, item 2jb + 1 at 12jb + 6 */
-            six_to_pairs<XF16, 0>(S.c[(3 * jb) % (2 * B)], S.c[(3 * jb + 1) % (2 * B)], pa);
-            six_to_pairs<XF16, 2>(S.c[(3 * jb + 1) % (2 * B)], S.c[(3 * jb + 2) % (2 * B)], pb);
-        } else {
-            KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb), pa);
-            KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb + 1), pb);
-        }
+        uint32_t pas[T][4], pbs[T][4];
+#pragma unroll
+        for (int u = 0; u < T; u++) block_pairs<B, XF16>(Sp[u], jb, pas[u], pbs[u]);
         const uint4 xv = xb[jb * 4 + ((jb & 1) ? -xsw : xsw)]; /* xf_at's pair swap of odd rows */
-        const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, b0[2] = {xv.x, xv.y};
-        const uint32_t a1[4] = {pa[2], pb[2], pa[3], pb[3]}, b1[2] = {xv.z, xv.w};
-        kp_mma_16816<XF16>(Sm, a0, b0);
-        kp_mma_16816<XF16>(Sm, a1, b1);
+        const uint32_t b0[2] = {xv.x, xv.y}, b1[2] = {xv.z, xv.w};
+#pragma unroll
+        for (int u = 0; u < T; u++) {
+            const uint32_t *pa = pas[u], *pb = pbs[u];
+            const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
+            kp_mma_16816<XF16>(Sms[u], a0, b0);
+            kp_mma_16816<XF16>(Sms[u], a1, b1);
+        }
         if (((jb + 1) & ((1 << LG) - 1)) != 0) continue; /* the group goes on */
         const int gs = jb >> LG;
-        /* (scale, bias) of rows g and g + 8: register indices constant for every group size */
-        const uint32_t w0 = S.s[2 * gs], w1 = S.s[2 * gs + 1];
-        const float s0 = half_to_f32<SBF>(w0 & 0xffffu), b0v = half_to_f32<SBF>(w0 >> 16);
-        const float s1 = half_to_f32<SBF>(w1 & 0xffffu), b1v = half_to_f32<SBF>(w1 >> 16);
-        const float xs0 = xsa[gs];
-        if constexpr (kOffset<B, XF16> != 0.f) { /* the codes' offset out: one rounding (kOffset * xs is exact) */
-            Sm[0] = __fmaf_rn(-kOffset<B, XF16>, xs0, Sm[0]);
-            Sm[2] = __fmaf_rn(-kOffset<B, XF16>, xs0, Sm[2]);
-        }
-        acc[0] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b0v), xs0, __fmaf_rn(s0, Sm[0], acc[0]));
-        acc[2] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b1v), xs0, __fmaf_rn(s1, Sm[2], acc[2]));
-        if constexpr (!ONE) {
-            const float xs1 = xsb[gs];
-            if constexpr (kOffset<B, XF16> != 0.f) {
-                Sm[1] = __fmaf_rn(-kOffset<B, XF16>, xs1, Sm[1]);
-                Sm[3] = __fmaf_rn(-kOffset<B, XF16>, xs1, Sm[3]);
+#pragma unroll
+        for (int u = 0; u < T; u++) {
+            const Span<B> &S = Sp[u];
+            float *Sm = Sms[u], *acc = accp[u];
+            /* (scale, bias) of rows g and g + 8: register indices constant for every group size */
+            const uint32_t w0 = S.s[2 * gs], w1 = S.s[2 * gs + 1];
+            const float s0 = half_to_f32<SBF>(w0 & 0xffffu), b0v = half_to_f32<SBF>(w0 >> 16);
+            const float s1 = half_to_f32<SBF>(w1 & 0xffffu), b1v = half_to_f32<SBF>(w1 >> 16);
+            const float xs0 = xsa[gs];
+            if constexpr (kOffset<B, XF16> != 0.f) { /* the codes' offset out: one rounding (kOffset * xs is exact) */
+                Sm[0] = __fmaf_rn(-kOffset<B, XF16>, xs0, Sm[0]);
+                Sm[2] = __fmaf_rn(-kOffset<B, XF16>, xs0, Sm[2]);
             }
-            acc[1] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b0v), xs1, __fmaf_rn(s0, Sm[1], acc[1]));
-            acc[3] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b1v), xs1, __fmaf_rn(s1, Sm[3], acc[3]));
+            acc[0] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b0v), xs0, __fmaf_rn(s0, Sm[0], acc[0]));
+            acc[2] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b1v), xs0, __fmaf_rn(s1, Sm[2], acc[2]));
+            if constexpr (!ONE) {
+                const float xs1 = xsb[gs];
+                if constexpr (kOffset<B, XF16> != 0.f) {
+                    Sm[1] = __fmaf_rn(-kOffset<B, XF16>, xs1, Sm[1]);
+                    Sm[3] = __fmaf_rn(-kOffset<B, XF16>, xs1, Sm[3]);
+                }
+                acc[1] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b0v), xs1, __fmaf_rn(s0, Sm[1], acc[1]));
+                acc[3] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b1v), xs1, __fmaf_rn(s1, Sm[3], acc[3]));
+            }
+            Sm[0] = Sm[1] = Sm[2] = Sm[3] = 0.f;
         }
-        Sm[0] = Sm[1] = Sm[2] = Sm[3] = 0.f;
     }
 }
 
@@ -228,13 +253,15 @@ __device__ __forceinline__ void store_tile(const PParams &P, int tile, int lane,
     }
 }
 
-/* A warp's walk over spans [s0, s1) of its tiles tile0, tile0 + step, ... (nt of them), D spans in flight across
- * tile boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one
- * tile, a chunk of its k) leaves its sums in acc. */
+/* A warp's walk over spans [s0, s1) of its units u0, u0 + step, ... (nt of them; unit u is tiles Tu..Tu + T - 1,
+ * a tile past the last one reads tile Tu and stores nothing), D spans of each tile in flight across unit
+ * boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one unit,
+ * a chunk of its k) leaves its sums in acc. */
 template <int B, bool XF16, bool ONE, int LG, bool SBF>
-__device__ __forceinline__ void walk(const PParams &P, int tile0, int step, int nt, int s0, int s1, bool final,
-                                     const uint4 *xf, const float *xs, int nblk, int ngc, int lane, float acc[4]) {
-    constexpr int D = PGeo<B>::D;
+__device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt, int s0, int s1, bool final,
+                                     const uint4 *xf, const float *xs, int nblk, int ngc, int lane,
+                                     float (*acc)[4]) {
+    constexpr int D = PGeo<B, ONE, LG>::D, T = PGeo<B, ONE, LG>::T;
     const int nsp = s1 - s0, total = nt * nsp;
     if (total <= 0) return;
     const int g = lane >> 2, t = lane & 3;
@@ -243,27 +270,30 @@ __device__ __forceinline__ void walk(const PParams &P, int tile0, int step, int 
     const int xsw = ONE ? 0 : (gx & 1) * 4;
     const float *xsa0 = xs + r0 * ngc, *xsb0 = xs + r1 * ngc;
     const long long tstride = (long long)P.ns * P.rec;
-    /* from just past a tile's last span of the range to the next tile's first: tiles are step apart */
-    const long long tjump = (long long)step * tstride - (long long)nsp * P.rec;
+    /* from just past a unit's last span of the range to the next unit's first: units are step apart */
+    const long long tjump = (long long)T * step * tstride - (long long)nsp * P.rec;
 
-    Span<B> buf[D];
-    /* the load cursor: its record pointer and the spans left in its tile (a count, no tile arithmetic a span) */
-    const uint8_t *lp = P.w + (long long)tile0 * tstride + (long long)s0 * P.rec;
-    int lleft = nsp;
-    auto advance = [&]() {
+    Span<B> buf[D][T];
+    /* the load cursor: its record pointer, the spans left in its unit (a count, no tile arithmetic a span) and the
+     * byte offset of the unit's second tile from its first (0 when the unit has one tile) */
+    const uint8_t *lp = P.w + (long long)T * u0 * tstride + (long long)s0 * P.rec;
+    int lleft = nsp, lu = u0;
+    long long loff = T > 1 && T * u0 + 1 < P.tiles ? tstride : 0;
+    auto load = [&](Span<B> *S) {
+#pragma unroll
+        for (int u = 0; u < T; u++) load_span<B, 2 - LG>(S[u], lp + u * loff, lane);
         lp += P.rec;
         if (--lleft == 0) {
             lp += tjump;
             lleft = nsp;
+            lu += step;
+            loff = T > 1 && T * lu + 1 < P.tiles ? tstride : 0;
         }
     };
 #pragma unroll
     for (int d = 0; d < D - 1; d++)
-        if (d < total) {
-            load_span<B, 2 - LG>(buf[d], lp, lane);
-            advance();
-        }
-    /* the compute cursor: the tile's ordinal, the spans left in it, its x fragments and x sums */
+        if (d < total) load(buf[d]);
+    /* the compute cursor: the unit's ordinal, the spans left in it, its x fragments and x sums */
     int ct = 0, cleft = nsp;
     const uint4 *xp = xrow;
     const float *xsa = xsa0, *xsb = xsb0;
@@ -277,18 +307,18 @@ __device__ __forceinline__ void walk(const PParams &P, int tile0, int step, int 
             if (q >= total) break;
             {
 #endif
-                if (q + D - 1 < total) {
-                    load_span<B, 2 - LG>(buf[(d + D - 1) % D], lp, lane);
-                    advance();
-                }
-                span_body<B, XF16, ONE, LG, SBF>(buf[d], xp, xsw, xsa, xsb, acc);
+                if (q + D - 1 < total) load(buf[(d + D - 1) % D]);
+                span_body<B, XF16, ONE, LG, SBF, T>(buf[d], xp, xsw, xsa, xsb, acc);
                 xp += 16, xsa += 4 >> LG, xsb += 4 >> LG; /* four blocks: 16 fragments, 4 / 2^LG groups */
                 if (--cleft == 0) {
                     cleft = nsp;
                     xp = xrow, xsa = xsa0, xsb = xsb0;
                     if (final) {
-                        store_tile(P, tile0 + ct * step, lane, acc);
-                        acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+#pragma unroll
+                        for (int u = 0; u < T; u++) {
+                            store_tile(P, T * (u0 + ct * step) + u, lane, acc[u]);
+                            acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
+                        }
                     }
                     ++ct;
                 }
@@ -299,15 +329,19 @@ __device__ __forceinline__ void walk(const PParams &P, int tile0, int step, int 
 
 template <int B, bool XF16, bool ONE, int LG, bool SBF>
 __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *xs) {
+    constexpr int T = PGeo<B, ONE, LG>::T;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nchunk = (P.kp + P.xk - 1) / P.xk, spc = P.xk / kSpan;
-    const bool whole = nchunk == 1; /* x staged once, each warp walks all its tiles; else one tile a round */
-    const int gw = blockIdx.x * kPkWarps + warp, nw = gridDim.x * kPkWarps;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const int nchunk = (P.kp + P.xk - 1) / P.xk, spc = P.xk / kSpan, units = (P.tiles + T - 1) / T;
+    const bool whole = nchunk == 1; /* x staged once, each warp walks all its units; else one unit a round */
+    /* whole: warp slots block-minor, so a grid with fewer units than warps keeps every block (and SM) busy */
+    const int nw = gridDim.x * kPkWarps, gw = whole ? warp * gridDim.x + blockIdx.x : blockIdx.x * kPkWarps + warp;
+    float acc[T][4];
+#pragma unroll
+    for (int u = 0; u < T; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
     kp_grid_wait(); /* x belongs to the previous kernel until now */
-    for (int base = blockIdx.x * kPkWarps; base < (whole ? blockIdx.x * kPkWarps + 1 : P.tiles); base += nw) {
-        const int tile = whole ? gw : base + warp;
-        const int nt = whole ? (gw < P.tiles ? (P.tiles - gw + nw - 1) / nw : 0) : tile < P.tiles;
+    for (int base = blockIdx.x * kPkWarps; base < (whole ? blockIdx.x * kPkWarps + 1 : units); base += nw) {
+        const int unit = whole ? gw : base + warp;
+        const int nt = whole ? (gw < units ? (units - gw + nw - 1) / nw : 0) : unit < units;
         for (int c = 0; c < nchunk; c++) {
             const int c0 = c * P.xk, lenp = min(P.xk, P.kp - c0), len = min(lenp, P.k - c0);
             __syncthreads();
@@ -315,8 +349,8 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
             __syncthreads();
             stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, xf, xs);
             __syncthreads();
-            walk<B, XF16, ONE, LG, SBF>(P, tile, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
-                                    lenp / 32, lenp / P.group, lane, acc);
+            walk<B, XF16, ONE, LG, SBF>(P, unit, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
+                                        lenp / 32, lenp / P.group, lane, acc);
         }
     }
 }
@@ -366,7 +400,11 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
         if (bps < 1) bps = 1;
         occ[nocc % kPkOcc].smem = smem, occ[nocc % kPkOcc].bps = bps, nocc++;
     }
-    const long long want = (P.tiles + kPkWarps - 1) / kPkWarps, fill = (long long)bps * keel_cuda_sm_count();
+    /* one block a unit at most (whole k: units spread over blocks first), no more than fit at once */
+    const int lg = P.group == 32 ? 0 : P.group == 64 ? 1 : 2;
+    const int T = P.m != 1 ? PGeo<B, false, 0>::T : lg == 0 ? PGeo<B, true, 0>::T : lg == 1 ? PGeo<B, true, 1>::T : PGeo<B, true, 2>::T;
+    const long long units = (P.tiles + T - 1) / T, fill = (long long)bps * keel_cuda_sm_count();
+    const long long want = P.xk >= P.kp ? units : (units + kPkWarps - 1) / kPkWarps;
     const unsigned blocks = (unsigned)(want < fill ? want : fill);
     KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, P);
     KEEL_CUDA_CHECK_LAUNCH();
