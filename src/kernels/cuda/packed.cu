@@ -48,16 +48,15 @@ constexpr int kPkXBytes = KEEL_CUDA_PACKED_XBYTES; /* x fragments a block stages
 #define KEEL_PK_MIN_BLOCKS 2
 #endif
 
-#ifndef KEEL_PK_STREAMS /* tiles a warp walks side by side at width B, m = 1 (ONE) or more rows */
-#define KEEL_PK_STREAMS(B, ONE, LG) ((B) <= 5 && (ONE) && (LG) >= 1 ? 2 : 1)
+#ifndef KEEL_PK_PAIRS /* whether a warp may walk two tiles side by side at width B, m = 1 (ONE), group 32 << LG */
+#define KEEL_PK_PAIRS(B, ONE, LG) ((B) <= ((ONE) ? 5 : 4) && (LG) >= 1)
 #endif
 
-/* Per-width constants: how many tiles a warp walks at once and how many spans of each it keeps in flight. */
-template <int B, bool ONE, int LG> struct PGeo {
-    /* T tiles side by side: T independent decode and mma chains a warp, sharing each span's x fragments */
-    static constexpr int T = KEEL_PK_STREAMS(B, ONE, LG);
-    /* register ring depth (D - 1 spans of each tile in flight) */
-    static constexpr int D = T == 1 && B < 5 ? 3 : 2;
+/* Per-width constants: register ring depth (D - 1 spans of each of T tiles in flight). Two tiles side by side
+ * (two independent decode and mma chains a warp, sharing each span's x fragments) fit 128 registers where
+ * KEEL_PK_PAIRS allows them. */
+template <int B, int T, bool ONE> struct PGeo {
+    static constexpr int D = T == 1 ? (B < 5 ? 3 : 2) : B == 2 && ONE ? 3 : 2;
 };
 
 struct PParams {
@@ -71,6 +70,7 @@ struct PParams {
     int ydt_bf16, epi;
     long long last;         /* index of the last output element */
     int xk;                 /* codes of an x-chunk (a multiple of kSpan; kp when the whole k fits) */
+    int pairs;              /* a warp walks two tiles side by side (units of two tiles) */
 };
 
 
@@ -257,11 +257,11 @@ __device__ __forceinline__ void store_tile(const PParams &P, int tile, int lane,
  * a tile past the last one reads tile Tu and stores nothing), D spans of each tile in flight across unit
  * boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one unit,
  * a chunk of its k) leaves its sums in acc. */
-template <int B, bool XF16, bool ONE, int LG, bool SBF>
+template <int B, bool XF16, bool ONE, int LG, bool SBF, int T>
 __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt, int s0, int s1, bool final,
                                      const uint4 *xf, const float *xs, int nblk, int ngc, int lane,
                                      float (*acc)[4]) {
-    constexpr int D = PGeo<B, ONE, LG>::D, T = PGeo<B, ONE, LG>::T;
+    constexpr int D = PGeo<B, T, ONE>::D;
     const int nsp = s1 - s0, total = nt * nsp;
     if (total <= 0) return;
     const int g = lane >> 2, t = lane & 3;
@@ -327,9 +327,8 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
     }
 }
 
-template <int B, bool XF16, bool ONE, int LG, bool SBF>
+template <int B, bool XF16, bool ONE, int LG, bool SBF, int T>
 __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *xs) {
-    constexpr int T = PGeo<B, ONE, LG>::T;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nchunk = (P.kp + P.xk - 1) / P.xk, spc = P.xk / kSpan, units = (P.tiles + T - 1) / T;
     const bool whole = nchunk == 1; /* x staged once, each warp walks all its units; else one unit a round */
@@ -349,7 +348,7 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
             __syncthreads();
             stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, xf, xs);
             __syncthreads();
-            walk<B, XF16, ONE, LG, SBF>(P, unit, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
+            walk<B, XF16, ONE, LG, SBF, T>(P, unit, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
                                         lenp / 32, lenp / P.group, lane, acc);
         }
     }
@@ -357,9 +356,11 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
 
 template <int B, bool XF16, bool ONE, bool SBF>
 __device__ __forceinline__ void run_lg(const PParams &P, int lg, uint4 *xf, float *xs) {
-    if (lg == 0) packed_run<B, XF16, ONE, 0, SBF>(P, xf, xs);
-    else if (lg == 1) packed_run<B, XF16, ONE, 1, SBF>(P, xf, xs);
-    else packed_run<B, XF16, ONE, 2, SBF>(P, xf, xs);
+    if (lg == 0) packed_run<B, XF16, ONE, 0, SBF, 1>(P, xf, xs);
+    else if (lg == 1 && KEEL_PK_PAIRS(B, ONE, 1) && P.pairs) packed_run<B, XF16, ONE, 1, SBF, 2>(P, xf, xs);
+    else if (lg == 1) packed_run<B, XF16, ONE, 1, SBF, 1>(P, xf, xs);
+    else if (KEEL_PK_PAIRS(B, ONE, 2) && P.pairs) packed_run<B, XF16, ONE, 2, SBF, 2>(P, xf, xs);
+    else packed_run<B, XF16, ONE, 2, SBF, 1>(P, xf, xs);
 }
 template <int B, bool XF16, bool ONE>
 __device__ __forceinline__ void run_sdt(const PParams &P, int lg, uint4 *xf, float *xs) {
@@ -402,11 +403,17 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
     }
     /* one block a unit at most (whole k: units spread over blocks first), no more than fit at once */
     const int lg = P.group == 32 ? 0 : P.group == 64 ? 1 : 2;
-    const int T = P.m != 1 ? PGeo<B, false, 0>::T : lg == 0 ? PGeo<B, true, 0>::T : lg == 1 ? PGeo<B, true, 1>::T : PGeo<B, true, 2>::T;
-    const long long units = (P.tiles + T - 1) / T, fill = (long long)bps * keel_cuda_sm_count();
+    const long long fill = (long long)bps * keel_cuda_sm_count();
+    /* tile pairs only where there are pairs enough for every warp (else fewer warps an SM would walk them) */
+    const bool one = P.m == 1;
+    const bool can = lg == 1 ? (one ? KEEL_PK_PAIRS(B, true, 1) : KEEL_PK_PAIRS(B, false, 1))
+                             : lg == 2 && (one ? KEEL_PK_PAIRS(B, true, 2) : KEEL_PK_PAIRS(B, false, 2));
+    PParams Q = P;
+    Q.pairs = can && (P.tiles + 1) / 2 >= fill * kPkWarps;
+    const long long units = Q.pairs ? (P.tiles + 1) / 2 : P.tiles;
     const long long want = P.xk >= P.kp ? units : (units + kPkWarps - 1) / kPkWarps;
     const unsigned blocks = (unsigned)(want < fill ? want : fill);
-    KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, P);
+    KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, Q);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
