@@ -48,8 +48,13 @@ constexpr int kPkXBytes = KEEL_CUDA_PACKED_XBYTES; /* x fragments a block stages
 #define KEEL_PK_MIN_BLOCKS 2
 #endif
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 800
+#define KEEL_PK_ARCH_PAIRS 0 /* sm_80's ptxas spills the pair walks at 128 registers */
+#else
+#define KEEL_PK_ARCH_PAIRS 1
+#endif
 #ifndef KEEL_PK_PAIRS /* whether a warp may walk two tiles side by side at width B, m = 1 (ONE), group 32 << LG */
-#define KEEL_PK_PAIRS(B, ONE, LG) ((B) <= ((ONE) ? 5 : 4) && (LG) >= 1)
+#define KEEL_PK_PAIRS(B, ONE, LG) (KEEL_PK_ARCH_PAIRS && (B) <= ((ONE) ? 5 : 4) && (LG) >= 1)
 #endif
 
 /* Per-width constants: register ring depth (D - 1 spans of each of T tiles in flight). Two tiles side by side
@@ -409,7 +414,19 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
     const bool can = lg == 1 ? (one ? KEEL_PK_PAIRS(B, true, 1) : KEEL_PK_PAIRS(B, false, 1))
                              : lg == 2 && (one ? KEEL_PK_PAIRS(B, true, 2) : KEEL_PK_PAIRS(B, false, 2));
     PParams Q = P;
-    Q.pairs = can && (P.tiles + 1) / 2 >= fill * kPkWarps;
+    static int arch_pairs = -1; /* the device's image has the pair walks (not sm_80's) */
+    if (arch_pairs < 0) {
+#if defined(__HIPCC__)
+        arch_pairs = 1;
+#else
+        int dev = 0, major = 0, minor = 0;
+        KEEL_CUDA_CHECK(cudaGetDevice(&dev));
+        KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        arch_pairs = !(major == 8 && minor == 0);
+#endif
+    }
+    Q.pairs = arch_pairs && can && (P.tiles + 1) / 2 >= fill * kPkWarps;
     const long long units = Q.pairs ? (P.tiles + 1) / 2 : P.tiles;
     const long long want = P.xk >= P.kp ? units : (units + kPkWarps - 1) / kPkWarps;
     const unsigned blocks = (unsigned)(want < fill ? want : fill);
