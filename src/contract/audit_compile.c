@@ -447,7 +447,7 @@ keel_code keel_audit_run(const keel_audit_opts *o, FILE *out, int *problems, kee
                 *problems += keel_audit_compare(r, g, lim);
             }
         }
-        for (int i = 0; compare && i < recs.n; i++) {
+        for (int i = 0; compare && !o->source && i < recs.n; i++) { /* one source: the others' records stay */
             const keel_audit_record *r = &recs.items[i];
             bool seen = false;
             for (int j = 0; j < got.n && !seen; j++) seen = !strcmp(got.items[j].chip, chip) && !strcmp(got.items[j].kernel, r->kernel);

@@ -53,26 +53,30 @@ for field in ("stack", "spill_st", "spill_ld"):
            f"twin red on sm_90 {field}", out)
 expect(re.search(r"LIMIT gfx1030 gate5_local_array scratch: [1-9]\d*", out), "twin red on gfx1030 scratch", out)
 
-# 3. a record edited to disagree, and a compiler line from another compiler
+# 3. a record edited to disagree, and a compiler line from another compiler (one small source: step 1 compiled all)
 recs = os.path.join(tmp, "records")
 shutil.copytree(os.path.join(src, "contract/records"), recs)
 path = os.path.join(recs, "sm_90")
 text = open(path).read()
-m = re.search(r"^RECORD sm_90 (stream_tile<4,false>) .*\bregs=(\d+)", text, re.M)
-expect(m is not None, "sm_90 records hold stream_tile<4,false>", text)
+one = ("--source", "src/engine/cuda/sample.cu")
+rc, out = audit("--chips", "sm_90", "--records", recs, *one)
+expect(rc == 0 and re.search(r"AUDIT 1 chips, 1 kernel records: 0 limit problems", out),
+       "one source audits alone, the other sources' records not reported gone", out)
+m = re.search(r"^RECORD sm_90 (sample_kernel) .*\bregs=(\d+)", text, re.M)
+expect(m is not None, "sm_90 records hold sample_kernel", text)
 if m:
     kernel, regs = m.group(1), int(m.group(2))
     line = m.group(0)
     open(path, "w").write(text.replace(line, line.replace(f"regs={regs}", f"regs={regs + 8}")))
-    rc, out = audit("--chips", "sm_90", "--records", recs)
+    rc, out = audit("--chips", "sm_90", "--records", recs, *one)
     expect(rc == 1 and f"LIMIT sm_90 {kernel} regs: recorded {regs + 8}, compiled {regs}" in out,
            "edited record reported naming regs", out)
     open(path, "w").write(re.sub(r"^COMPILER sm_90 .*$", "COMPILER sm_90 Cuda compilation tools, release 12.4, V12.4.99",
                                  text, flags=re.M))
-    rc, out = audit("--chips", "sm_90", "--records", recs)
+    rc, out = audit("--chips", "sm_90", "--records", recs, *one)
     expect(rc == 1 and "LIMIT sm_90 - compiler: recorded with 'Cuda compilation tools, release 12.4" in out
            and "regs:" not in out, "foreign compiler refused", out)
-    rc, out = audit("--chips", "sm_90", "--records", recs, "--any-compiler")
+    rc, out = audit("--chips", "sm_90", "--records", recs, "--any-compiler", *one)
     expect(rc == 0 and "compared anyway" in out, "--any-compiler compares anyway", out)
 
 # 4. bad arguments are reasons, not crashes

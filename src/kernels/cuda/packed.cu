@@ -64,6 +64,9 @@ template <int B, int T, bool ONE> struct PGeo {
     static constexpr int D = T == 1 ? (B < 5 ? 3 : 2) : B == 2 && ONE ? 3 : 2;
 };
 
+/* log2 of the group's 32-code blocks: the compile-time walk a group takes */
+__host__ __device__ __forceinline__ int pk_lg(int group) { return group == 32 ? 0 : group == 64 ? 1 : 2; }
+
 struct PParams {
     const uint8_t *w;       /* packed records */
     int n, k, kp, group, bf;/* kp: k padded to whole spans; bf: scales are BF16 (else F16) */
@@ -126,16 +129,11 @@ template <int B, int LGPS> __device__ __forceinline__ void load_span(Span<B> &S,
 }
 
 /* A 6-bit item (8 codes, 6 bytes from byte OB of lo:hi) as codes_to_pairs<6>'s operand words: bytes 0,1,3,4 hold
- * codes 0, 1 | 4, 5 at bits 0, 6 | 16, 22, and bytes 1,2,4,5 codes 2, 3 | 6, 7 at 4, 10 | 20, 26. */
+ * codes 0, 1 | 4, 5 at bits 0, 6 | 16, 22, and bytes 1,2,4,5 codes 2, 3 | 6, 7 at 4, 10 | 20, 26 (moved down 4). */
 template <bool XF16, int OB> __device__ __forceinline__ void six_to_pairs(uint32_t lo, uint32_t hi, uint32_t p[4]) {
-    constexpr uint32_t magic = XF16 ? 0x64006400u : 0x43004300u, mm = 0x003f003fu;
     constexpr uint32_t sx = OB | (OB + 1) << 4 | (OB + 3) << 8 | (OB + 4) << 12;
     constexpr uint32_t sy = (OB + 1) | (OB + 2) << 4 | (OB + 4) << 8 | (OB + 5) << 12;
-    const uint32_t x = __byte_perm(lo, hi, sx), y = __byte_perm(lo, hi, sy);
-    const uint32_t q[4] = {kp_and_or(x, mm, magic), kp_and_or(x >> 6, mm, magic), kp_and_or(y >> 4, mm, magic),
-                           kp_and_or(y >> 10, mm, magic)};
-#pragma unroll
-    for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : q[i]; /* bf16: 128 + c kept */
+    wide_to_pairs<6, XF16>(__byte_perm(lo, hi, sx), __byte_perm(lo, hi, sy) >> 4, p);
 }
 
 /* Bits [n, n + 32) of hi:lo, zeros below bit 0 (n in -31..63, constant wherever the span's loop unrolls). */
@@ -152,14 +150,9 @@ template <bool XF16> __device__ __forceinline__ void three_to_pairs(uint32_t lo,
 /* A 5-bit item (8 codes, 5 bytes from byte ob of lo:hi) as codes_to_pairs<5>'s operand words: codes 0, 1 | 4, 5
  * are bits 0-9 | 20-29 of the item, codes 2, 3 | 6, 7 bits 10-19 | 30-39; each half-word pair is one select. */
 template <bool XF16> __device__ __forceinline__ void five_to_pairs(uint32_t lo, uint32_t hi, int ob, uint32_t p[4]) {
-    constexpr uint32_t magic = XF16 ? 0x64006400u : 0x43004300u, mm = 0x001f001fu;
     const int b = 8 * ob;
-    const uint32_t w1 = __byte_perm(bits_at(lo, hi, b), bits_at(lo, hi, b + 4), 0x7610u);
-    const uint32_t w2 = __byte_perm(bits_at(lo, hi, b + 10), bits_at(lo, hi, b + 14), 0x7610u);
-    const uint32_t q[4] = {kp_and_or(w1, mm, magic), kp_and_or(w1 >> 5, mm, magic), kp_and_or(w2, mm, magic),
-                           kp_and_or(w2 >> 5, mm, magic)};
-#pragma unroll
-    for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : q[i]; /* bf16: 128 + c kept */
+    wide_to_pairs<5, XF16>(__byte_perm(bits_at(lo, hi, b), bits_at(lo, hi, b + 4), 0x7610u),
+                           __byte_perm(bits_at(lo, hi, b + 10), bits_at(lo, hi, b + 14), 0x7610u), p);
 }
 
 template <bool SBF> __device__ __forceinline__ float half_to_f32(uint32_t h) {
@@ -283,7 +276,8 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
      * byte offset of the unit's second tile from its first (0 when the unit has one tile) */
     const uint8_t *lp = P.w + (long long)T * u0 * tstride + (long long)s0 * P.rec;
     int lleft = nsp, lu = u0;
-    long long loff = T > 1 && T * u0 + 1 < P.tiles ? tstride : 0;
+    auto second = [&](int u) { return T > 1 && T * u + 1 < P.tiles ? tstride : 0LL; };
+    long long loff = second(u0);
     auto load = [&](Span<B> *S) {
 #pragma unroll
         for (int u = 0; u < T; u++) load_span<B, 2 - LG>(S[u], lp + u * loff, lane);
@@ -292,7 +286,7 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
             lp += tjump;
             lleft = nsp;
             lu += step;
-            loff = T > 1 && T * lu + 1 < P.tiles ? tstride : 0;
+            loff = second(lu);
         }
     };
 #pragma unroll
@@ -380,7 +374,7 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed(
     uint4 *xf = pk_smem;
     float *xs = (float *)(pk_smem + (size_t)P.m * P.xk / 8);
     /* the group and the scale dtype at compile time: the group loop unrolls, one conversion a half */
-    const int lg = P.group == 32 ? 0 : P.group == 64 ? 1 : 2;
+    const int lg = pk_lg(P.group);
     if (P.m == 1) /* one activation row (decode): the odd columns' group ends left out */
         run_sdt<B, XF16, true>(P, lg, xf, xs);
     else
@@ -407,12 +401,9 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
         occ[nocc % kPkOcc].smem = smem, occ[nocc % kPkOcc].bps = bps, nocc++;
     }
     /* one block a unit at most (whole k: units spread over blocks first), no more than fit at once */
-    const int lg = P.group == 32 ? 0 : P.group == 64 ? 1 : 2;
     const long long fill = (long long)bps * keel_cuda_sm_count();
     /* tile pairs only where there are pairs enough for every warp (else fewer warps an SM would walk them) */
-    const bool one = P.m == 1;
-    const bool can = lg == 1 ? (one ? KEEL_PK_PAIRS(B, true, 1) : KEEL_PK_PAIRS(B, false, 1))
-                             : lg == 2 && (one ? KEEL_PK_PAIRS(B, true, 2) : KEEL_PK_PAIRS(B, false, 2));
+    const bool can = KEEL_PK_PAIRS(B, P.m == 1, pk_lg(P.group));
     PParams Q = P;
     static int arch_pairs = -1; /* the device's image has the pair walks (not sm_80's) */
     if (arch_pairs < 0) {

@@ -31,6 +31,16 @@ template <int B, bool XF16> __device__ __forceinline__ void halves_to_pairs(uint
     }
 }
 
+/* Two words of B-bit codes (B = 5, 6) at bits 0, B | 16, 16 + B: w1 codes 0, 1 | 4, 5 and w2 codes 2, 3 | 6, 7, as
+ * codes_to_pairs's four operand words. */
+template <int B, bool XF16> __device__ __forceinline__ void wide_to_pairs(uint32_t w1, uint32_t w2, uint32_t p[4]) {
+    constexpr uint32_t magic = XF16 ? 0x64006400u : 0x43004300u, mm = ((1u << B) - 1u) * 0x00010001u;
+    const uint32_t q[4] = {kp_and_or(w1, mm, magic), kp_and_or(w1 >> B, mm, magic), kp_and_or(w2, mm, magic),
+                           kp_and_or(w2 >> B, mm, magic)};
+#pragma unroll
+    for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : q[i]; /* bf16: 128 + c kept */
+}
+
 /* The 8 codes c0..c7 of one thread (bits B each, LSB first in v) as four operand words, word i holding
  * (c_i + kOffset, c_{i+4} + kOffset) as exact bf16 or f16 integers: or-ed under a magic exponent. */
 template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsigned long long v, uint32_t p[4]) {
@@ -55,16 +65,10 @@ template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsig
             const uint32_t u = (uint32_t)v;
             halves_to_pairs<B, XF16>(B == 4 ? u : (u & lowm) | ((u << (16 - 4 * B)) & (lowm << 16)), p);
         } else { /* 5, 6 bits: two words, codes (0,1 | 4,5) and (2,3 | 6,7) */
-            uint32_t q[4];
-            constexpr uint32_t m2 = (1u << (2 * B)) - 1u, mm = ((1u << B) - 1u) * 0x00010001u;
+            constexpr uint32_t m2 = (1u << (2 * B)) - 1u;
             const uint32_t w1 = ((uint32_t)v & m2) | (((uint32_t)(v >> (4 * B)) & m2) << 16);
             const uint32_t w2 = ((uint32_t)(v >> (2 * B)) & m2) | (((uint32_t)(v >> (6 * B)) & m2) << 16);
-            q[0] = kp_and_or(w1, mm, magic);
-            q[1] = kp_and_or(w1 >> B, mm, magic);
-            q[2] = kp_and_or(w2, mm, magic);
-            q[3] = kp_and_or(w2 >> B, mm, magic);
-#pragma unroll
-            for (int i = 0; i < 4; i++) p[i] = XF16 ? kp_sub_f16x2(q[i], magic) : q[i]; /* bf16: 128 + c kept */
+            wide_to_pairs<B, XF16>(w1, w2, p);
         }
     }
 }

@@ -156,6 +156,39 @@ static void test_large_equal(void **state) {
     }
 }
 
+/* Enough row tiles that a warp walks two side by side (more tile pairs than a full grid has warps, an odd tile count
+ * so the last pair is one tile): every width that pairs at m = 1 or m = 8 and groups 64 and 128 (group 32 keeps one
+ * tile a warp), bit for bit against the ring tile. */
+static void test_tile_pairs_equal(void **state) {
+    (void)state;
+    const int n = 16 * 64 * keel_cuda_sm_count() + 9, k = 256; /* 64 tiles an SM + 1: at most 16 warps an SM */
+    const int splits = keel_cuda_stream_splits(n, k, 0);
+    if (splits != 1) {
+        printf("skip: test_tile_pairs_equal: the ring tile splits n=%d k=%d %d ways on this device, so its bits are not "
+               "the packed tile's\n", n, k, splits);
+        skip();
+    }
+    for (int bits = 2; bits <= 6; bits++)
+        for (int G = 32; G <= 128; G *= 2) {
+            qm q;
+            qm_make(&q, n, k, bits, G, KEEL_DT_BF16);
+            keel_cuda_pw pw = pack(&q);
+            for (int m = 1; m <= 8; m += 7) {
+                const keel_dtype xdt = bits % 2 ? KEEL_DT_F16 : KEEL_DT_BF16;
+                void *dx;
+                uint16_t *x = make_x(m, k, xdt, &dx);
+                void *yp = run_packed(&pw, dx, xdt, m, KEEL_DT_F32, KEEL_EPI_NONE);
+                void *yr = run_ring(&q, dx, xdt, m, KEEL_DT_F32, KEEL_EPI_NONE);
+                if (memcmp(yp, yr, (size_t)m * n * 4))
+                    fail_msg("bits %d group %d m %d, %d rows: packed and ring tiles differ", bits, G, m, n);
+                free(yp), free(yr), free(x);
+                keel_cuda_free(dx);
+            }
+            keel_cuda_free((void *)pw.w);
+            qm_free(&q);
+        }
+}
+
 static void test_kernel_fn(void **state) {
     (void)state;
     char sym[48];
@@ -176,6 +209,7 @@ int main(void) {
         cmocka_unit_test(test_against_ring_and_reference),
         cmocka_unit_test(test_bits_and_chunks),
         cmocka_unit_test(test_large_equal),
+        cmocka_unit_test(test_tile_pairs_equal),
         cmocka_unit_test(test_kernel_fn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
