@@ -48,8 +48,9 @@ constexpr int kPkXBytes = KEEL_CUDA_PACKED_XBYTES; /* x fragments a block stages
 #define KEEL_PK_MIN_BLOCKS 2
 #endif
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 800
-#define KEEL_PK_ARCH_PAIRS 0 /* sm_80's ptxas spills the pair walks at 128 registers */
+#define KEEL_PK_NO_PAIRS_SM 80 /* sm_80's ptxas spills the pair walks at 128 registers: its image leaves them out */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 10 * KEEL_PK_NO_PAIRS_SM
+#define KEEL_PK_ARCH_PAIRS 0
 #else
 #define KEEL_PK_ARCH_PAIRS 1
 #endif
@@ -405,16 +406,14 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
     /* tile pairs only where there are pairs enough for every warp (else fewer warps an SM would walk them) */
     const bool can = KEEL_PK_PAIRS(B, P.m == 1, pk_lg(P.group));
     PParams Q = P;
-    static int arch_pairs = -1; /* the device's image has the pair walks (not sm_80's) */
+    static int arch_pairs = -1; /* the image this device runs has the pair walks */
     if (arch_pairs < 0) {
 #if defined(__HIPCC__)
         arch_pairs = 1;
 #else
-        int dev = 0, major = 0, minor = 0;
-        KEEL_CUDA_CHECK(cudaGetDevice(&dev));
-        KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-        arch_pairs = !(major == 8 && minor == 0);
+        cudaFuncAttributes fa;
+        KEEL_CUDA_CHECK(cudaFuncGetAttributes(&fa, fn));
+        arch_pairs = fa.binaryVersion != KEEL_PK_NO_PAIRS_SM;
 #endif
     }
     Q.pairs = arch_pairs && can && (P.tiles + 1) / 2 >= fill * kPkWarps;
