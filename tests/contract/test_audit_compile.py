@@ -39,9 +39,11 @@ def expect(cond, what, out):
         failures.append(what)
         print(f"FAIL: {what}\n{out[-3000:]}")
 
-# 1. the repository's kernels against its records
-rc, out = audit()
-expect(rc == 0 and re.search(r"AUDIT \d+ chips, \d+ kernel records: 0 limit problems", out), "keel audit passes", out)
+# 1. the repository's kernels against its records. The sanitizer build (KEEL_SANITIZED) tests the audit's host code,
+#    which one source on every chip runs whole; the compilers' work is the same as in the Release build's full audit.
+scope = ("--source", "src/engine/cuda/sample.cu") if os.environ.get("KEEL_SANITIZED") else ()
+rc, out = audit(*scope)
+expect(rc == 0 and re.search(rf"AUDIT {len(chips)} chips, \d+ kernel records: 0 limit problems", out), "keel audit passes", out)
 
 tmp = tempfile.mkdtemp(prefix="keel-audit-test-", dir=os.environ.get("KEEL_TMP"))
 empty = os.path.join(tmp, "none")
