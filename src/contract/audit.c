@@ -199,10 +199,13 @@ static const keel_audit_kernel kernels[] = {
     KA_STREAM(5, false, 65536, 2, 1), KA_STREAM(6, false, 65536, 2, 1), KA_STREAM(8, false, 65536, 2, 1),
     KA_STREAM(2, true, 65536, 2, 1),  KA_STREAM(3, true, 65536, 2, 1),  KA_STREAM(4, true, 65536, 2, 1),
     KA_STREAM(5, true, 65536, 2, 1),  KA_STREAM(6, true, 65536, 2, 1),  KA_STREAM(8, true, 65536, 2, 1),
-#define KA_PACKED(B, X) {"stream_packed<" #B "," #X ">", "src/kernels/cuda/packed.cu", 256, KEEL_CUDA_PACKED_SMEM, 2, 1, false}
-    KA_PACKED(2, false), KA_PACKED(3, false), KA_PACKED(4, false), KA_PACKED(5, false), KA_PACKED(6, false),
-    KA_PACKED(8, false), KA_PACKED(2, true),  KA_PACKED(3, true),  KA_PACKED(4, true),  KA_PACKED(5, true),
-    KA_PACKED(6, true),  KA_PACKED(8, true),
+#define KA_PACKED(K, B, X) {K "<" #B "," #X ">", "src/kernels/cuda/packed.cu", 256, KEEL_CUDA_PACKED_SMEM, 2, 1, false}
+#define KA_PACKED_ALL(K)                                                                                           \
+    KA_PACKED(K, 2, false), KA_PACKED(K, 3, false), KA_PACKED(K, 4, false), KA_PACKED(K, 5, false),                \
+        KA_PACKED(K, 6, false), KA_PACKED(K, 8, false), KA_PACKED(K, 2, true), KA_PACKED(K, 3, true),              \
+        KA_PACKED(K, 4, true), KA_PACKED(K, 5, true), KA_PACKED(K, 6, true), KA_PACKED(K, 8, true)
+    KA_PACKED_ALL("stream_packed"), KA_PACKED_ALL("stream_packed_split"),
+#undef KA_PACKED_ALL
 #undef KA_PACKED
     {"stream_finish", "src/kernels/cuda/stream.cu", 256, 0, 1, 0, false},
     {"relu2_kernel", "src/kernels/cuda/stream.cu", 256, 0, 1, 0, false},

@@ -432,7 +432,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
                             continue;
                         }
                     }
-                    /* the packed tile: its bits against the ring tile's (equal where that does not split k) */
+                    /* the packed tile: its bits against the ring tile's (equal where neither splits k) */
                     std::vector<float> a((size_t)m * s.n), b((size_t)m * s.n);
                     keel_cuda_stream_matmul(&P.w[0], x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE, NULL);
                     keel_cuda_download(a.data(), y, a.size() * 4);
@@ -447,8 +447,8 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
                     char nm[40];
                     snprintf(nm, sizeof nm, "%s/packed", s.name);
                     row(nm, bits, group, m, pus, bytes, blas[mi]);
-                    printf("  packed vs ring tile: %.2fx the time; %zu of %zu outputs differ in bits (ring tile k-split %d)\n",
-                           pus / us, diff, a.size(), keel_cuda_stream_splits(s.n, s.k, 0));
+                    printf("  packed vs ring tile: %.2fx the time; %zu of %zu outputs differ in bits (k-split: ring tile %d, packed %d)\n",
+                           pus / us, diff, a.size(), keel_cuda_stream_splits(s.n, s.k, 0), keel_cuda_packed_splits(s.n, s.k));
                 }
             }
         }

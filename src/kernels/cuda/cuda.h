@@ -126,8 +126,8 @@ void keel_cuda_stream_scratch_release(void *owner);
 
 /* ---- packed stream tiles (src/kernels/cuda/packed.cu): the stream tile's arithmetic on a matrix repacked once
  * into mma fragment order (docs/stream-tiles.md, "The packed tile"). A launch equals keel_cuda_stream_matmul on the
- * source matrix bit for bit wherever that one does not split k (keel_cuda_stream_splits(n, k, 0) == 1); it never
- * splits. Row r of an m-row launch is bit-identical to a 1-row launch of row r. ---- */
+ * source matrix bit for bit wherever neither splits k (keel_cuda_stream_splits(n, k, 0) == 1 and
+ * keel_cuda_packed_splits(n, k) == 1). Row r of an m-row launch is bit-identical to a 1-row launch of row r. ---- */
 typedef struct keel_cuda_pw {
     const uint8_t *w;       /* keel_cuda_pack's bytes on the device, 16-byte aligned */
     int n, k, bits, group;
@@ -164,6 +164,13 @@ bool keel_cuda_pack_upload_qw(const keel_cuda_qw *W, keel_cuda_pw *out, char *wh
 /* y (m, n) = epi(x (m, k) . dequant(W)^T), m = 1..8, as keel_cuda_stream_matmul. */
 void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void *x, keel_dtype xdt, int m, void *y,
                                     keel_dtype ydt, keel_epilogue epi, void *stream);
+/* 2 where the packed tile sums k in two halves (few row tiles, k of 64 spans or more, an even count of spans: the
+ * halves add first + second), else 1. A function of the shape and the chip's SM count, never of m. */
+int keel_cuda_packed_splits(int n, int k);
+/* How this host thread's last packed launch walked (for tests): two tiles a warp, and/or k in halves. */
+#define KEEL_CUDA_PK_WALK_PAIRS 1
+#define KEEL_CUDA_PK_WALK_SPLIT 2
+int keel_cuda_packed_last_walk(void);
 /* The packed tiles' kernels by audit symbol ("stream_packed<4,false>"); NULL if unknown. */
 const void *keel_cuda_packed_kernel_fn(const char *symbol);
 

@@ -8,7 +8,9 @@
  * - A warp streams its tiles' records straight into registers, D spans ahead, with no shared-memory ring and no
  *   per-stage bookkeeping; the block stages x (the whole k when it fits) in the ring tile's fragment order.
  * - Per 32-code block and group the warp issues exactly the ring tile's decode, mma chain and group end, so a
- *   launch equals keel_cuda_stream_matmul on the same matrix bit for bit wherever that one does not split k.
+ *   launch equals keel_cuda_stream_matmul on the same matrix bit for bit wherever neither splits k.
+ * - Few row tiles and a long k (keel_cuda_packed_splits): a kernel of its own walks each tile's k in two halves on
+ *   two warps of a block and adds the halves' sums (first + second) before the epilogue.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +82,21 @@ struct PParams {
     long long last;         /* index of the last output element */
     int xk;                 /* codes of an x-chunk (a multiple of kSpan; kp when the whole k fits) */
     int pairs;              /* a warp walks two tiles side by side (units of two tiles) */
+    int split;              /* k in halves (pk_splits): warps w and w + 4 walk one tile's halves; xk: a half's chunk */
 };
+
+#ifndef KEEL_PK_SPLIT_KERNEL /* the k-in-halves kernel is built (the contract twin leaves it out) */
+#define KEEL_PK_SPLIT_KERNEL 1
+#endif
+
+/* 2 where the packed tile walks k in two halves (few row tiles, long k: one warp a tile would leave most of the
+ * chip idle), else 1; a function of the shape and the chip's SM count alone, so never of m or the grid. */
+int pk_splits(int n, int k) {
+    const int ns = (k + kSpan - 1) / kSpan, tiles = (n + kPkRows - 1) / kPkRows;
+    return KEEL_PK_SPLIT_KERNEL && ns % 2 == 0 && ns >= 64 && 2LL * tiles <= 16LL * keel_cuda_sm_count() ? 2 : 1;
+}
+
+thread_local int pk_last_walk; /* KEEL_CUDA_PK_WALK_* of this host thread's last launch */
 
 
 /* Item i (block i / 2, row g + 8 (i % 2)) of a lane's span codes as the ring tile's thread bytes (LSB first);
@@ -354,6 +370,51 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
     }
 }
 
+/* k in halves (P.split, its own kernel): each round, warps w and w + 4 of a block walk the first and the second
+ * half of the spans of tile base + w, each half through its own x-chunks (the two staged side by side); then the
+ * halves' sums add in a fixed order (first + second) and warp w stores. The order never depends on m, the
+ * chunking or the grid. */
+template <int B, bool XF16, bool ONE, int LG, bool SBF>
+__device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = warp >> 2, slot = warp & 3;
+    const int hs = P.ns / 2, xsp = P.xk / kSpan, nchunk = (hs + xsp - 1) / xsp;
+    const size_t xfn = (size_t)P.m * P.xk / 8, xsn = (size_t)P.m * (P.xk / P.group); /* a chunk's uint4s, sums */
+    float *xs0 = (float *)(smem + 2 * xfn);
+    float *part = xs0 + 2 * xsn; /* (4 slots, 32 lanes, 4) the second halves' sums */
+    kp_grid_wait(); /* x belongs to the previous kernel until now */
+    for (int base = blockIdx.x * 4; base < P.tiles; base += gridDim.x * 4) {
+        const int tile = base + slot;
+        float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+        for (int c = 0; c < nchunk; c++) {
+            const int lenp = min(P.xk, (hs - c * xsp) * kSpan);
+            if (nchunk > 1 || base == blockIdx.x * 4) { /* a single chunk is staged once for every round */
+                __syncthreads();
+                for (int h = 0; h < 2; h++) {
+                    const int c0 = (h * hs + c * xsp) * kSpan;
+                    stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, min(lenp, P.k - c0), lenp, smem + h * xfn);
+                }
+                __syncthreads();
+                for (int h = 0; h < 2; h++) stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn);
+                __syncthreads();
+            }
+            const int s0 = half * hs + c * xsp;
+            walk<B, XF16, ONE, LG, SBF, 1>(P, tile, 0, tile < P.tiles, s0, s0 + lenp / kSpan, false, smem + half * xfn,
+                                           xs0 + half * xsn, lenp / 32, lenp / P.group, lane, acc);
+        }
+        if (half) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) part[slot * 128 + lane * 4 + e] = acc[0][e];
+        }
+        __syncthreads();
+        if (!half && tile < P.tiles) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[0][e] = __fadd_rn(acc[0][e], part[slot * 128 + lane * 4 + e]);
+            store_tile(P, tile, lane, acc[0]);
+        }
+        __syncthreads(); /* part is read before the next round writes it */
+    }
+}
+
 template <int B, bool XF16, bool ONE, bool SBF>
 __device__ __forceinline__ void run_lg(const PParams &P, int lg, uint4 *xf, float *xs) {
     if (lg == 0) packed_run<B, XF16, ONE, 0, SBF, 1>(P, xf, xs);
@@ -382,24 +443,52 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed(
         run_sdt<B, XF16, false>(P, lg, xf, xs);
 }
 
+template <int B, bool XF16, bool ONE, bool SBF>
+__device__ __forceinline__ void split_lg(const PParams &P, int lg, uint4 *smem) {
+    if (lg == 0) packed_split<B, XF16, ONE, 0, SBF>(P, smem);
+    else if (lg == 1) packed_split<B, XF16, ONE, 1, SBF>(P, smem);
+    else packed_split<B, XF16, ONE, 2, SBF>(P, smem);
+}
+
+/* The packed tile with k in halves (keel_cuda_packed_splits == 2): a kernel of its own, so the walks of the
+ * common case keep their registers and schedule. */
+template <int B, bool XF16>
+__global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed_split(PParams P) {
+    extern __shared__ uint4 pk_smem[];
+    kp_grid_release();
+    const int lg = pk_lg(P.group);
+    if (P.m == 1) {
+        if (P.bf) split_lg<B, XF16, true, true>(P, lg, pk_smem);
+        else split_lg<B, XF16, true, false>(P, lg, pk_smem);
+    } else {
+        if (P.bf) split_lg<B, XF16, false, true>(P, lg, pk_smem);
+        else split_lg<B, XF16, false, false>(P, lg, pk_smem);
+    }
+}
+
 template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaStream_t st) {
-    static bool attr = false;
-    /* blocks an SM by shared memory (it depends on m, the chunk and the group), the last kPkOcc sizes seen */
+    static bool attr[2] = {false, false};
+    /* blocks an SM by kernel and shared memory (it depends on m, the chunk and the group), the last kPkOcc seen */
     enum { kPkOcc = 16 };
-    static struct { size_t smem; int bps; } occ[kPkOcc];
+    static struct { size_t smem; int split, bps; } occ[kPkOcc];
     static int nocc = 0;
+    const int sp = P.split ? 1 : 0;
+#if KEEL_PK_SPLIT_KERNEL
+    const void *fn = sp ? (const void *)stream_packed_split<B, XF16> : (const void *)stream_packed<B, XF16>;
+#else
     const void *fn = (const void *)stream_packed<B, XF16>;
-    if (!attr) {
+#endif
+    if (!attr[sp]) {
         KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, KEEL_CUDA_PACKED_SMEM));
-        attr = true;
+        attr[sp] = true;
     }
     int bps = 0;
     for (int i = 0; i < nocc && i < kPkOcc; i++)
-        if (occ[i].smem == smem) bps = occ[i].bps;
+        if (occ[i].smem == smem && occ[i].split == sp) bps = occ[i].bps;
     if (bps == 0) {
         KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, fn, kPkThreads, smem));
         if (bps < 1) bps = 1;
-        occ[nocc % kPkOcc].smem = smem, occ[nocc % kPkOcc].bps = bps, nocc++;
+        occ[nocc % kPkOcc].smem = smem, occ[nocc % kPkOcc].split = sp, occ[nocc % kPkOcc].bps = bps, nocc++;
     }
     /* one block a unit at most (whole k: units spread over blocks first), no more than fit at once */
     const long long fill = (long long)bps * keel_cuda_sm_count();
@@ -416,11 +505,17 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
         arch_pairs = fa.binaryVersion != KEEL_PK_NO_PAIRS_SM;
 #endif
     }
-    Q.pairs = arch_pairs && can && (P.tiles + 1) / 2 >= fill * kPkWarps;
+    Q.pairs = !P.split && arch_pairs && can && (P.tiles + 1) / 2 >= fill * kPkWarps;
     const long long units = Q.pairs ? (P.tiles + 1) / 2 : P.tiles;
-    const long long want = P.xk >= P.kp ? units : (units + kPkWarps - 1) / kPkWarps;
+    const long long want = P.split ? (P.tiles + 3) / 4 : P.xk >= P.kp ? units : (units + kPkWarps - 1) / kPkWarps;
     const unsigned blocks = (unsigned)(want < fill ? want : fill);
-    KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, Q);
+    pk_last_walk = (Q.pairs ? KEEL_CUDA_PK_WALK_PAIRS : 0) | (sp ? KEEL_CUDA_PK_WALK_SPLIT : 0);
+#if KEEL_PK_SPLIT_KERNEL
+    if (sp)
+        KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed_split<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, Q);
+    else
+#endif
+        KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, Q);
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
@@ -504,8 +599,17 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
     P.epi = (int)epi;
     P.last = (long long)m * W->n - 1;
     const int most = kPkXBytes / 2 / m / kSpan * kSpan;
-    P.xk = P.kp <= most ? P.kp : most;
-    const size_t smem = (size_t)m * P.xk * 2 + (size_t)m * (P.xk / W->group) * 4;
+    P.split = pk_splits(W->n, W->k) == 2;
+    size_t smem;
+    if (P.split) { /* two half-chunks of x, their sums and the second halves' sums (4 warps x 32 lanes x 4) */
+        P.xk = P.kp / 2 <= most / 2 ? P.kp / 2 : most / 2 / kSpan * kSpan;
+        while ((smem = 2 * ((size_t)m * P.xk * 2 + (size_t)m * (P.xk / W->group) * 4) + 4 * 32 * 4 * 4) >
+               KEEL_CUDA_PACKED_SMEM)
+            P.xk -= kSpan;
+    } else {
+        P.xk = P.kp <= most ? P.kp : most;
+        smem = (size_t)m * P.xk * 2 + (size_t)m * (P.xk / W->group) * 4;
+    }
     KEEL_ASSERT(smem <= KEEL_CUDA_PACKED_SMEM);
     if (xdt == KEEL_DT_F16)
         launch_pk_bits<true>(W->bits, P, smem, (cudaStream_t)stream);
@@ -514,6 +618,10 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
 }
 
 #if !defined(keel_cuda_stream_matmul_packed)
+extern "C" int keel_cuda_packed_splits(int n, int k) { return pk_splits(n, k); }
+
+extern "C" int keel_cuda_packed_last_walk(void) { return pk_last_walk; }
+
 extern "C" const void *keel_cuda_packed_kernel_fn(const char *symbol) {
     static const struct {
         const char *name;
@@ -525,6 +633,18 @@ extern "C" const void *keel_cuda_packed_kernel_fn(const char *symbol) {
         {"stream_packed<2,true>", (const void *)stream_packed<2, true>},   {"stream_packed<3,true>", (const void *)stream_packed<3, true>},
         {"stream_packed<4,true>", (const void *)stream_packed<4, true>},   {"stream_packed<5,true>", (const void *)stream_packed<5, true>},
         {"stream_packed<6,true>", (const void *)stream_packed<6, true>},   {"stream_packed<8,true>", (const void *)stream_packed<8, true>},
+        {"stream_packed_split<2,false>", (const void *)stream_packed_split<2, false>},
+        {"stream_packed_split<3,false>", (const void *)stream_packed_split<3, false>},
+        {"stream_packed_split<4,false>", (const void *)stream_packed_split<4, false>},
+        {"stream_packed_split<5,false>", (const void *)stream_packed_split<5, false>},
+        {"stream_packed_split<6,false>", (const void *)stream_packed_split<6, false>},
+        {"stream_packed_split<8,false>", (const void *)stream_packed_split<8, false>},
+        {"stream_packed_split<2,true>", (const void *)stream_packed_split<2, true>},
+        {"stream_packed_split<3,true>", (const void *)stream_packed_split<3, true>},
+        {"stream_packed_split<4,true>", (const void *)stream_packed_split<4, true>},
+        {"stream_packed_split<5,true>", (const void *)stream_packed_split<5, true>},
+        {"stream_packed_split<6,true>", (const void *)stream_packed_split<6, true>},
+        {"stream_packed_split<8,true>", (const void *)stream_packed_split<8, true>},
     };
     if (!symbol) return NULL;
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)

@@ -1,6 +1,6 @@
 /* CUDA packed stream tiles: every width, group, 16-bit scale dtype and activation dtype against the float64
- * reference; bit for bit against the ring tile (keel_cuda_stream_matmul) wherever that one does not split k; row
- * independence, repeated launches, fused relu^2, the chunked long-k path (the layout itself: test_pack.c). Skips (77) with a
+ * reference; bit for bit against the ring tile (keel_cuda_stream_matmul) wherever neither splits k; row
+ * independence, repeated launches, fused relu^2, the chunked long-k path, k in halves (the layout itself: test_pack.c). Skips (77) with a
  * reason when the build has no CUDA or the machine has no GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -158,7 +158,7 @@ static void test_large_equal(void **state) {
 
 /* Enough row tiles that a warp walks two side by side (more tile pairs than a full grid has warps, an odd tile count
  * so the last pair is one tile): every width that pairs at m = 1 or m = 8 and groups 64 and 128 (group 32 keeps one
- * tile a warp), bit for bit against the ring tile. */
+ * tile a warp), bit for bit against the ring tile; the launcher reports it walked pairs exactly where they apply. */
 static void test_tile_pairs_equal(void **state) {
     (void)state;
     const int n = 16 * 64 * keel_cuda_sm_count() + 9, k = 256; /* 64 tiles an SM + 1: at most 16 warps an SM */
@@ -168,6 +168,9 @@ static void test_tile_pairs_equal(void **state) {
                "the packed tile's\n", n, k, splits);
         skip();
     }
+    char desc[128] = "";
+    keel_cuda_device_name(desc, sizeof desc);
+    const bool arch_pairs = !strstr(desc, "sm_80,"); /* sm_80's image has no pair walks (KEEL_PK_NO_PAIRS_SM) */
     for (int bits = 2; bits <= 6; bits++)
         for (int G = 32; G <= 128; G *= 2) {
             qm q;
@@ -178,6 +181,10 @@ static void test_tile_pairs_equal(void **state) {
                 void *dx;
                 uint16_t *x = make_x(m, k, xdt, &dx);
                 void *yp = run_packed(&pw, dx, xdt, m, KEEL_DT_F32, KEEL_EPI_NONE);
+                const bool want = arch_pairs && bits <= (m == 1 ? 5 : 4) && G >= 64;
+                if (want != !!(keel_cuda_packed_last_walk() & KEEL_CUDA_PK_WALK_PAIRS))
+                    fail_msg("bits %d group %d m %d, %d rows: the launcher %s tile pairs", bits, G, m, n,
+                             want ? "did not walk" : "walked");
                 void *yr = run_ring(&q, dx, xdt, m, KEEL_DT_F32, KEEL_EPI_NONE);
                 if (memcmp(yp, yr, (size_t)m * n * 4))
                     fail_msg("bits %d group %d m %d, %d rows: packed and ring tiles differ", bits, G, m, n);
@@ -187,6 +194,102 @@ static void test_tile_pairs_equal(void **state) {
             keel_cuda_free((void *)pw.w);
             qm_free(&q);
         }
+}
+
+/* Columns [c0, c0 + kh) of q (kh and c0 whole groups and 32-code words) as a packed matrix of its own. */
+static keel_cuda_pw pack_cols(const qm *q, int c0, int kh) {
+    const size_t rw = keel_quant_row_words(q->k, q->bits), hw = keel_quant_row_words(kh, q->bits);
+    const size_t ng = (size_t)(q->k / q->group), hg = (size_t)(kh / q->group), es = keel_dtype_size(q->sdt);
+    uint32_t *c = keel_xmalloc((size_t)q->n * hw * 4);
+    uint8_t *sc = keel_xmalloc((size_t)q->n * hg * es), *bi = keel_xmalloc((size_t)q->n * hg * es);
+    for (int r = 0; r < q->n; r++) {
+        memcpy(c + r * hw, q->codes + r * rw + (size_t)c0 / 32 * q->bits, hw * 4);
+        memcpy(sc + r * hg * es, (uint8_t *)q->scales + (r * ng + (size_t)(c0 / q->group)) * es, hg * es);
+        memcpy(bi + r * hg * es, (uint8_t *)q->biases + (r * ng + (size_t)(c0 / q->group)) * es, hg * es);
+    }
+    const keel_qmat m = {q->n, kh, q->bits, q->group, q->sdt, c, sc, bi};
+    keel_cuda_pw pw;
+    char why[256] = "";
+    if (!keel_cuda_pack_upload(&m, &pw, why, sizeof why)) fail_msg("pack: %s", why);
+    free(c), free(sc), free(bi);
+    return pw;
+}
+
+/* The sequence k in halves replaces: each half of the spans (the first ns/2 of 128 codes, then the rest of k) an
+ * unsplit launch of its own (fp32), then first + second and the epilogue on the host; the split launch must equal
+ * it bit for bit. */
+static void check_halves_sequence(const qm *q, const uint16_t *x, keel_dtype xdt, int m, const float *ys,
+                                  keel_epilogue epi) {
+    const int k1 = (q->k + 127) / 128 / 2 * 128, cut[3] = {0, k1, q->k};
+    float *yh[2];
+    for (int h = 0; h < 2; h++) {
+        const int kh = cut[h + 1] - cut[h];
+        uint16_t *xh = keel_xmalloc((size_t)m * kh * 2);
+        for (int r = 0; r < m; r++) memcpy(xh + (size_t)r * kh, x + (size_t)r * q->k + (size_t)cut[h], (size_t)kh * 2);
+        void *dxh = keel_cuda_malloc((size_t)m * kh * 2);
+        keel_cuda_upload(dxh, xh, (size_t)m * kh * 2);
+        keel_cuda_pw pw = pack_cols(q, cut[h], kh);
+        yh[h] = run_packed(&pw, dxh, xdt, m, KEEL_DT_F32, KEEL_EPI_NONE);
+        assert_int_equal(keel_cuda_packed_last_walk() & KEEL_CUDA_PK_WALK_SPLIT, 0);
+        keel_cuda_free((void *)pw.w);
+        keel_cuda_free(dxh);
+        free(xh);
+    }
+    for (size_t i = 0; i < (size_t)m * q->n; i++) {
+        float v = yh[0][i] + yh[1][i];
+        if (epi == KEEL_EPI_RELU2) v = v > 0.f ? v * v : 0.f;
+        if (memcmp(&v, &ys[i], 4))
+            fail_msg("bits %d group %d m %d: y[%zu] of k in halves %.9g, the halves' sequence %.9g", q->bits, q->group,
+                     m, i, (double)ys[i], (double)v);
+    }
+    free(yh[0]), free(yh[1]);
+}
+
+/* Few row tiles and a long k: the tile sums k in two halves (keel_cuda_packed_splits) through whole x (m = 1) and
+ * x-chunks (m > 1, several a half, the last partial); within the float64 bound at every width and group, equal bit
+ * for bit to the halves' sequence, each row of an 8-row launch equal to its 1-row launch, repeated launches equal. */
+static void test_split_halves(void **state) {
+    (void)state;
+    for (size_t bi = 0; bi < KEEL_ARRAY_LEN(kBits); bi++)
+        for (size_t gi = 0; gi < KEEL_ARRAY_LEN(kGroups); gi++) {
+            /* 66 spans; at groups 32 and 64 the last span partial */
+            const int G = kGroups[gi], n = 45 + 16 * (int)(bi % 2), k = G == 128 ? 8448 : 8384;
+            assert_int_equal(keel_cuda_packed_splits(n, k), 2);
+            qm q;
+            if (gi == 1)
+                qm_make_signed(&q, n, k, kBits[bi], G, KEEL_DT_F16);
+            else
+                qm_make(&q, n, k, kBits[bi], G, KEEL_DT_BF16);
+            keel_cuda_pw pw = pack(&q);
+            const keel_dtype xdt = bi % 2 ? KEEL_DT_F16 : KEEL_DT_BF16;
+            const int m = 8;
+            void *dx;
+            uint16_t *x = make_x(m, k, xdt, &dx);
+            float *y8 = run_packed(&pw, dx, xdt, m, KEEL_DT_F32, KEEL_EPI_NONE);
+            assert_int_equal(keel_cuda_packed_last_walk(), KEEL_CUDA_PK_WALK_SPLIT);
+            check_y(&q, x, xdt, m, KEEL_DT_F32, KEEL_EPI_NONE, y8);
+            check_halves_sequence(&q, x, xdt, m, y8, KEEL_EPI_NONE);
+            for (int r = 0; r < m; r++) {
+                float *y1 = run_packed(&pw, (uint16_t *)dx + (size_t)r * k, xdt, 1, KEEL_DT_F32, KEEL_EPI_NONE);
+                if (memcmp(y1, y8 + (size_t)r * n, (size_t)n * 4))
+                    fail_msg("bits %d group %d: row %d of an 8-row launch differs from its 1-row launch", kBits[bi], G, r);
+                free(y1);
+            }
+            float *y1r = run_packed(&pw, dx, xdt, 1, KEEL_DT_F32, KEEL_EPI_RELU2);
+            check_halves_sequence(&q, x, xdt, 1, y1r, KEEL_EPI_RELU2);
+            free(y1r);
+            float *again = run_packed(&pw, dx, xdt, m, KEEL_DT_F32, KEEL_EPI_NONE);
+            assert_memory_equal(again, y8, (size_t)m * n * 4);
+            free(again);
+            void *yr = run_packed(&pw, dx, xdt, 3, KEEL_DT_BF16, KEEL_EPI_RELU2);
+            check_y(&q, x, xdt, 3, KEEL_DT_BF16, KEEL_EPI_RELU2, yr);
+            free(yr), free(y8), free(x);
+            keel_cuda_free(dx);
+            keel_cuda_free((void *)pw.w);
+            qm_free(&q);
+        }
+    assert_int_equal(keel_cuda_packed_splits(131072, 2688), 1); /* lm_head: many tiles, short k */
+    assert_int_equal(keel_cuda_packed_splits(45, 8320), 1);     /* 65 spans: no even halves */
 }
 
 static void test_kernel_fn(void **state) {
@@ -210,6 +313,7 @@ int main(void) {
         cmocka_unit_test(test_bits_and_chunks),
         cmocka_unit_test(test_large_equal),
         cmocka_unit_test(test_tile_pairs_equal),
+        cmocka_unit_test(test_split_halves),
         cmocka_unit_test(test_kernel_fn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
