@@ -180,9 +180,11 @@ double cublas_us(int n, int k, int m, const void *x, float *y) {
 #endif
 }
 
+/* One table row; floor_us is the bytes at the read bandwidth, the time no launch can beat. */
 void row(const char *name, int bits, int group, int m, double us, double bytes, double blas) {
     double gbs = bytes / us / 1e3;
-    printf("%-14s %2d %4d %2d %10.2f %9.1f %6.1f%%", name, bits, group, m, us, gbs, 100.0 * gbs / g_read_gbs);
+    printf("%-14s %2d %4d %2d %10.2f %9.2f %9.1f %6.1f%%", name, bits, group, m, us, bytes / g_read_gbs / 1e3, gbs,
+           100.0 * gbs / g_read_gbs);
     if (blas > 0)
         printf(" %10.2f %7.2fx\n", blas, us / blas);
     else
@@ -384,9 +386,42 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
 #endif
         return 0;
     }
-    printf("bytes per launch = packed words + scales + biases + x + y; medians of CUDA-event times\n\n");
-    printf("%-14s %2s %4s %2s %10s %9s %7s %10s %8s\n", "shape", "b", "grp", "m", "us", "GB/s", "%read", "cublas_us",
-           "vs_cublas");
+    /* launch overhead: a launch that does nothing (read_kernel over no words), timed like every row below */
+    {
+        uint32_t *o = (uint32_t *)keel_cuda_malloc(4);
+        const int sms = keel_cuda_sm_count();
+        const double one = median_us(20, [&](int) {
+            read_kernel<<<1, 32>>>((const uint4 *)x, 0, o);
+            KEEL_CUDA_CHECK_LAUNCH();
+        });
+        const double wave = median_us(20, [&](int) {
+            read_kernel<<<(unsigned)(2 * sms), 128>>>((const uint4 *)x, 0, o);
+            KEEL_CUDA_CHECK_LAUNCH();
+        });
+        printf("launch overhead (an empty kernel, %d back-to-back launches per event pair): %.2f us at 1 block, "
+               "%.2f us at %d blocks of 128", kBatch, one, wave, 2 * sms);
+#if !defined(__HIPCC__) /* the engine decodes through CUDA graphs: the same empty launches captured in one */
+        cudaStream_t cs;
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+        KEEL_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+        for (int j = 0; j < kBatch; j++) read_kernel<<<(unsigned)(2 * sms), 128, 0, cs>>>((const uint4 *)x, 0, o);
+        KEEL_CUDA_CHECK(cudaStreamEndCapture(cs, &g));
+        KEEL_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+        const double graph = median_us(20, [&](int) { KEEL_CUDA_CHECK(cudaGraphLaunch(ge, 0)); }) / kBatch;
+        KEEL_CUDA_CHECK(cudaGraphExecDestroy(ge));
+        KEEL_CUDA_CHECK(cudaGraphDestroy(g));
+        KEEL_CUDA_CHECK(cudaStreamDestroy(cs));
+        printf("; %.2f us at %d blocks inside a CUDA graph", graph, 2 * sms);
+#endif
+        printf("\n");
+        keel_cuda_free(o);
+    }
+    printf("bytes per launch = packed words + scales + biases + x + y; floor_us = bytes / read bandwidth; medians of "
+           "CUDA-event times\n\n");
+    printf("%-14s %2s %4s %2s %10s %9s %9s %7s %10s %8s\n", "shape", "b", "grp", "m", "us", "floor_us", "GB/s", "%read",
+           "cublas_us", "vs_cublas");
 
     std::vector<Shape> shapes = {{"lm_head", 131072, 2688}, {"square16k", 16384, 16384}, {"in_proj", 10304, 2688},
                                  {"out_proj", 2688, 4096}, {"q_proj", 4096, 2688},       {"k_proj", 256, 2688},

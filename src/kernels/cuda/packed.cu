@@ -623,29 +623,18 @@ extern "C" int keel_cuda_packed_splits(int n, int k) { return pk_splits(n, k); }
 extern "C" int keel_cuda_packed_last_walk(void) { return pk_last_walk; }
 
 extern "C" const void *keel_cuda_packed_kernel_fn(const char *symbol) {
+/* one row per (width, f16 activations) instance of kernel K, named as the audit names it */
+#define KP_FN(K, B, X) {#K "<" #B "," #X ">", (const void *)K<B, X>}
+#define KP_FNS(K)                                                                                                  \
+    KP_FN(K, 2, false), KP_FN(K, 3, false), KP_FN(K, 4, false), KP_FN(K, 5, false), KP_FN(K, 6, false),            \
+        KP_FN(K, 8, false), KP_FN(K, 2, true), KP_FN(K, 3, true), KP_FN(K, 4, true), KP_FN(K, 5, true),           \
+        KP_FN(K, 6, true), KP_FN(K, 8, true)
     static const struct {
         const char *name;
         const void *fn;
-    } tab[] = {
-        {"stream_packed<2,false>", (const void *)stream_packed<2, false>}, {"stream_packed<3,false>", (const void *)stream_packed<3, false>},
-        {"stream_packed<4,false>", (const void *)stream_packed<4, false>}, {"stream_packed<5,false>", (const void *)stream_packed<5, false>},
-        {"stream_packed<6,false>", (const void *)stream_packed<6, false>}, {"stream_packed<8,false>", (const void *)stream_packed<8, false>},
-        {"stream_packed<2,true>", (const void *)stream_packed<2, true>},   {"stream_packed<3,true>", (const void *)stream_packed<3, true>},
-        {"stream_packed<4,true>", (const void *)stream_packed<4, true>},   {"stream_packed<5,true>", (const void *)stream_packed<5, true>},
-        {"stream_packed<6,true>", (const void *)stream_packed<6, true>},   {"stream_packed<8,true>", (const void *)stream_packed<8, true>},
-        {"stream_packed_split<2,false>", (const void *)stream_packed_split<2, false>},
-        {"stream_packed_split<3,false>", (const void *)stream_packed_split<3, false>},
-        {"stream_packed_split<4,false>", (const void *)stream_packed_split<4, false>},
-        {"stream_packed_split<5,false>", (const void *)stream_packed_split<5, false>},
-        {"stream_packed_split<6,false>", (const void *)stream_packed_split<6, false>},
-        {"stream_packed_split<8,false>", (const void *)stream_packed_split<8, false>},
-        {"stream_packed_split<2,true>", (const void *)stream_packed_split<2, true>},
-        {"stream_packed_split<3,true>", (const void *)stream_packed_split<3, true>},
-        {"stream_packed_split<4,true>", (const void *)stream_packed_split<4, true>},
-        {"stream_packed_split<5,true>", (const void *)stream_packed_split<5, true>},
-        {"stream_packed_split<6,true>", (const void *)stream_packed_split<6, true>},
-        {"stream_packed_split<8,true>", (const void *)stream_packed_split<8, true>},
-    };
+    } tab[] = {KP_FNS(stream_packed), KP_FNS(stream_packed_split)};
+#undef KP_FNS
+#undef KP_FN
     if (!symbol) return NULL;
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (!strcmp(tab[i].name, symbol)) return tab[i].fn;
