@@ -1,7 +1,7 @@
 """keel bench decode refuses bad options with a message naming the option, before touching a model or a device:
 --context below --prompt-tokens, the CUDA engine's options (--context, --graphs, --pdl, --pdl-engine, --prefetch,
---split-target, --split-long, --split-round, --side, --fused-router, --fused-mamba, --route-window, --fused-norm) on
-the CPU backend, values that are not numbers, on/off (on/off/low, up/down), or in range."""
+--split-target, --split-long, --split-round, --side, --fused-router, --fused-mamba, --route-window, --fused-norm,
+--packed) on the CPU backend, values that are not numbers, on/off (on/off/low, up/down), or in range."""
 import os
 import subprocess
 import sys
@@ -33,7 +33,8 @@ def main():
     expect(["--graphs", "maybe"], "--graphs 'maybe': expected on or off")
     expect(["--graphs"], "--graphs '': expected on or off")
     cuda_only = ("--context, --graphs, --pdl, --pdl-engine, --prefetch, --split-target, --split-long, --split-round, "
-                 "--side, --fused-router, --fused-mamba, --route-window and --fused-norm are CUDA engine options")
+                 "--side, --fused-router, --fused-mamba, --route-window, --fused-norm and --packed are CUDA engine "
+                 "options")
     expect(["--context", "100", "--backend", "cpu"], cuda_only)
     expect(["--graphs", "off", "--backend", "cpu"], cuda_only)
     expect(["--pdl", "off", "--backend", "cpu"], cuda_only)
@@ -59,6 +60,8 @@ def main():
     expect(["--split-round", "sideways"], "--split-round 'sideways': expected up or down")
     expect(["--fused-norm", "off", "--backend", "cpu"], cuda_only)
     expect(["--fused-norm", "tiles"], "--fused-norm 'tiles': expected on or off")
+    expect(["--packed", "off", "--backend", "cpu"], cuda_only)
+    expect(["--packed", "all"], "--packed 'all': expected on or off")
     r = bench("--context", "5", "--prompt-tokens", "10", "--backend", "cuda")
     assert r.returncode != 0, r.stdout
     assert ("--context must be at least --prompt-tokens" in r.stderr or "built without CUDA" in r.stderr), r.stderr

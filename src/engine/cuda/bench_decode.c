@@ -16,7 +16,7 @@ static const char *const USAGE =
     "                         [--activations bf16|f32] [--graphs on|off] [--pdl on|off] [--pdl-engine on|off]\n"
     "                         [--prefetch S] [--split-target Q] [--split-long on|off] [--split-round up|down]\n"
     "                         [--side on|off|low] [--fused-router on|off] [--fused-mamba on|off]\n"
-    "                         [--route-window on|off] [--fused-norm on|off]\n"
+    "                         [--route-window on|off] [--fused-norm on|off] [--packed on|off]\n"
     "  runs a P-token prompt (default 512) then N greedy decode steps (default 128) and reports prompt and decode\n"
     "  tokens/s. On cuda also: the bandwidth floor (bytes one step reads over the read bandwidth measured in the same\n"
     "  run) and its ratio to the measured time, and the time per token by kernel family (CUDA events, a second pass\n"
@@ -33,7 +33,8 @@ static const char *const USAGE =
     "  step (conv, scan, gated norm) in one launch instead of three (both default off: slower in the graph);\n"
     "  --route-window off runs the router's top-k and its unions as two launches instead of one (default on);\n"
     "  --fused-norm off runs the residual add and norm before a MoE layer as a launch of its own instead of in the\n"
-    "  router's matvec (default on).\n";
+    "  router's matvec (default on); --packed off keeps windows of at most 8 rows on the ring tile instead of the\n"
+    "  packed tile's copies of the matrices where it gives the same bits (default on).\n";
 
 static int fail(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "keel bench decode: ");
@@ -76,7 +77,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
     /* the stream tiles' levers; -1: not given, the library's default */
     int pdl = -1, pdl_engine = -1, prefetch = -1, split_q = -1, split_long = -1, split_down = -1;
     int side = -1; /* the engine's second stream: 0 off, 1 on, 2 low priority; -1: not given, the engine's default */
-    int fused_router = -1, fused_mamba = -1, route_window = -1, fused_norm = -1; /* -1: the engine's default */
+    int fused_router = -1, fused_mamba = -1, route_window = -1, fused_norm = -1, packed = -1; /* -1: the engine's default */
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -118,6 +119,8 @@ int keel_engine_bench_decode(int argc, char **argv) {
             if (!parse_onoff(v, &fused_router)) return fail("--fused-router '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--fused-norm")) {
             if (!parse_onoff(v, &fused_norm)) return fail("--fused-norm '%s': expected on or off%s", v ? v : "", "");
+        } else if (!strcmp(o, "--packed")) {
+            if (!parse_onoff(v, &packed)) return fail("--packed '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--fused-mamba")) {
             if (!parse_onoff(v, &fused_mamba)) return fail("--fused-mamba '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--split-target")) {
@@ -144,11 +147,11 @@ int keel_engine_bench_decode(int argc, char **argv) {
     if (f32 && backend == KEEL_BACKEND_CPU) return fail("--activations f32 is a CUDA engine option%s%s", "", "");
     if ((C || !graphs || pdl >= 0 || pdl_engine >= 0 || prefetch >= 0 || split_q >= 0 || split_long >= 0 ||
          split_down >= 0 || side >= 0 || fused_router >= 0 || fused_mamba >= 0 || route_window >= 0 ||
-         fused_norm >= 0) &&
+         fused_norm >= 0 || packed >= 0) &&
         backend == KEEL_BACKEND_CPU)
         return fail("--context, --graphs, --pdl, --pdl-engine, --prefetch, --split-target, --split-long, "
-                    "--split-round, --side, --fused-router, --fused-mamba, --route-window and --fused-norm are CUDA engine "
-                    "options%s%s", "", "");
+                    "--split-round, --side, --fused-router, --fused-mamba, --route-window, --fused-norm and --packed are "
+                    "CUDA engine options%s%s", "", "");
     if (C && C < P) return fail("--context must be at least --prompt-tokens%s%s", "", "");
     const int start = C ? C - P : 0;
     keel_model m;
@@ -196,6 +199,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
         if (fused_mamba < 0) fused_mamba = KEEL_CUDA_ENGINE_FUSED_MAMBA_DEFAULT;
         if (route_window < 0) route_window = KEEL_CUDA_ENGINE_ROUTE_WINDOW_DEFAULT;
         if (fused_norm < 0) fused_norm = KEEL_CUDA_ENGINE_FUSED_NORM_DEFAULT;
+        if (packed < 0) packed = KEEL_CUDA_ENGINE_PACKED_DEFAULT;
         keel_cuda_stream_split_long(split_long);
         keel_cuda_stream_split_round(split_down);
         keel_cuda_stream_pdl(pdl);
@@ -207,7 +211,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
             (keel_cuda_engine_set_graphs(ce, graphs), keel_cuda_engine_set_start(ce, start),
              keel_cuda_engine_set_side(ce, side), keel_cuda_engine_set_fused_router(ce, fused_router),
              keel_cuda_engine_set_fused_mamba(ce, fused_mamba), keel_cuda_engine_set_route_window(ce, route_window),
-             keel_cuda_engine_set_fused_norm(ce, fused_norm),
+             keel_cuda_engine_set_fused_norm(ce, fused_norm), keel_cuda_engine_set_packed(ce, packed),
              keel_cuda_generate(ce, prompt, KEEL_MIN(P, 8), &o, NULL, NULL, &res, &err)) != KEEL_OK || /* warm-up */
             keel_cuda_generate(ce, prompt, P, &o, NULL, NULL, &res, &err) != KEEL_OK) {
             rc = fail("%s%s", err.msg, "");
@@ -237,13 +241,14 @@ int keel_engine_bench_decode(int argc, char **argv) {
         if (backend == KEEL_BACKEND_CUDA)
             printf("stream tiles: programmatic dependent launch %s (the engine's kernels %s), L2 prefetch chunk %d "
                    "stages, k-split target %d/4 blocks an SM%s, long slices halved %s; second stream %s; router in %s; "
-                   "Mamba step in %s; norms %s\n",
+                   "Mamba step in %s; norms %s; packed tile %s (%d matrices)\n",
                    pdl ? "on" : "off", pdl && pdl_engine ? "too" : "not", prefetch, split_q,
                    split_down ? " (at most)" : "", split_long ? "on" : "off",
                    side == 0 ? "off" : side == 2 ? "on (lowest priority)" : "on",
                    fused_router ? "one launch" : route_window ? "two launches (top-k with the unions)" : "three launches",
                    fused_mamba ? "one launch" : "three launches",
-                   fused_norm ? "in the router" : "launches of their own");
+                   fused_norm ? "in the router" : "launches of their own", packed ? "on" : "off",
+                   keel_cuda_engine_packed_count(ce));
         if (backend == KEEL_BACKEND_CUDA && res.n_gen > 0 && read_gbs > 0) {
             const double bytes = (double)keel_cuda_engine_step_bytes(ce, start + P + res.n_gen / 2);
             const double floor_ms = bytes / (read_gbs * 1e9) * 1e3, ms = 1e3 * res.gen_s / res.n_gen;

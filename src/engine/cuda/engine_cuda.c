@@ -79,6 +79,9 @@ struct keel_cuda_engine {
     int side_mode; /* keel_cuda_engine_set_side */
     bool fused_router; /* keel_cuda_engine_set_fused_router */
     bool fused_mamba;  /* keel_cuda_engine_set_fused_mamba */
+    bool packed;       /* keel_cuda_engine_set_packed */
+    int n_pk;
+    struct pk_copy { const uint32_t *w; keel_cuda_pw pw; } *pk; /* (n_pk) packed copies, keyed by the ring layout's codes */
     bool route_window; /* keel_cuda_engine_set_route_window */
     bool fused_norm;   /* keel_cuda_engine_set_fused_norm */
     struct {           /* the add and norm the next layer's launches take in (run_window) */
@@ -194,6 +197,88 @@ static keel_cuda_qw dstack(const keel_cuda_engine *e, const keel_qstack *s) {
     q.expert_groups = (int64_t)(s->s_stride / keel_dtype_size(s->m.sdt));
     q.items = KEEL_MAX(e->cfg->top_k, 1); /* a routed launch brings at least one token's top-k experts */
     return q;
+}
+
+/* ---- packed copies (the packed stream tile, src/kernels/cuda/packed.cu) ---- */
+
+static int g_pack_scope = KEEL_CUDA_ENGINE_PACK_LARGE; /* keel_cuda_engine_pack_scope, read by init */
+
+void keel_cuda_engine_pack_scope(int scope) {
+    g_pack_scope = scope == KEEL_CUDA_ENGINE_PACK_ALL ? scope : KEEL_CUDA_ENGINE_PACK_LARGE;
+}
+
+/* A plain matrix the packed tile computes with the ring tile's bits (16-bit scales, neither tile splitting k) and,
+ * unless the scope is every such matrix, faster: a row tile for every warp of a full grid (16 warps an SM). */
+static bool pk_eligible(const keel_qmat *m) {
+    return m->w && m->bits >= 2 && m->bits <= 8 && m->bits != 7 && (m->sdt == KEEL_DT_BF16 || m->sdt == KEEL_DT_F16) &&
+           keel_cuda_stream_splits(m->n, m->k, 0) == 1 && keel_cuda_packed_splits(m->n, m->k) == 1 &&
+           keel_cuda_pack_bytes(m->n, m->k, m->bits, m->group) > 0 &&
+           (g_pack_scope == KEEL_CUDA_ENGINE_PACK_ALL || (m->n + 15) / 16 >= 16 * keel_cuda_sm_count());
+}
+
+/* Every plain (not stacked) matrix of the model and its MTP head that mm() launches; returns the count (cap: out's). */
+static int pk_list(const keel_model *m, const keel_qmat **out, int cap) {
+    int n = 0;
+#define PK_ADD(q) (n < cap ? (void)(out[n++] = (q)) : (void)0)
+    PK_ADD(&m->lm_head);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const keel_layer *L = &m->layers[l];
+        switch (L->kind) {
+        case KEEL_MIXER_MAMBA: PK_ADD(&L->mamba.in_proj), PK_ADD(&L->mamba.out_proj); break;
+        case KEEL_MIXER_ATTN: PK_ADD(&L->attn.q), PK_ADD(&L->attn.k), PK_ADD(&L->attn.v), PK_ADD(&L->attn.o); break;
+        case KEEL_MIXER_MLP: PK_ADD(&L->mlp.up), PK_ADD(&L->mlp.down); break;
+        case KEEL_MIXER_MOE: PK_ADD(&L->moe.shared.up), PK_ADD(&L->moe.shared.down); break;
+        }
+    }
+    if (m->has_mtp) {
+        const keel_mtp_w *w = &m->mtp;
+        PK_ADD(&w->eh_proj), PK_ADD(&w->attn.q), PK_ADD(&w->attn.k), PK_ADD(&w->attn.v), PK_ADD(&w->attn.o);
+        PK_ADD(&w->moe.shared.up), PK_ADD(&w->moe.shared.down);
+    }
+#undef PK_ADD
+    return n;
+}
+#define PK_MAX(m) (1 + 4 * (m)->cfg.n_layer + 7)
+
+/* Device bytes of the packed copies (each 256-byte aligned). */
+static size_t pk_bytes(const keel_model *m) {
+    const keel_qmat **q = keel_xmalloc((size_t)PK_MAX(m) * sizeof *q);
+    const int n = pk_list(m, q, PK_MAX(m));
+    size_t b = 0;
+    for (int i = 0; i < n; i++)
+        if (pk_eligible(q[i])) b += (keel_cuda_pack_bytes(q[i]->n, q[i]->k, q[i]->bits, q[i]->group) + 255u) & ~(size_t)255u;
+    free(q);
+    return b;
+}
+
+/* Packs every eligible matrix into the device memory at base (pk_bytes of it), after the ring layout is bound. */
+static void pk_bind(keel_cuda_engine *e, uint8_t *base) {
+    const keel_model *m = e->model;
+    const keel_qmat **q = keel_xmalloc((size_t)PK_MAX(m) * sizeof *q);
+    const int n = pk_list(m, q, PK_MAX(m));
+    e->pk = keel_xcalloc((size_t)KEEL_MAX(n, 1), sizeof *e->pk);
+    size_t off = 0, most = 0;
+    for (int i = 0; i < n; i++)
+        if (pk_eligible(q[i])) most = KEEL_MAX(most, keel_cuda_pack_bytes(q[i]->n, q[i]->k, q[i]->bits, q[i]->group));
+    void *host = most ? keel_xmalloc(most) : NULL;
+    for (int i = 0; i < n; i++) {
+        if (!pk_eligible(q[i])) continue;
+        const size_t b = keel_cuda_pack_bytes(q[i]->n, q[i]->k, q[i]->bits, q[i]->group);
+        char why[256];
+        KEEL_ASSERTF(keel_cuda_pack(q[i], host, b, why, sizeof why), "packing an eligible matrix: %s", why);
+        keel_cuda_upload(base + off, host, b);
+        e->pk[e->n_pk++] = (struct pk_copy){tr(e, q[i]->w), {base + off, q[i]->n, q[i]->k, q[i]->bits, q[i]->group, q[i]->sdt}};
+        off += (b + 255u) & ~(size_t)255u;
+    }
+    free(host);
+    free(q);
+}
+
+/* The packed copy of W (bound by pk_bind), or NULL. */
+static const keel_cuda_pw *pk_find(const keel_cuda_engine *e, const keel_cuda_qw *W) {
+    for (int i = 0; i < e->n_pk; i++)
+        if (e->pk[i].w == W->w) return &e->pk[i].pw;
+    return NULL;
 }
 
 static void bind_attn(const keel_cuda_engine *e, const keel_attn_w *w, dattn *d) {
@@ -351,6 +436,8 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     }
     size_t wbytes = 0;
     for (int i = 0; i < e->n_reg; i++) wbytes += (e->reg[i].pad + e->reg[i].size + 255u) & ~(size_t)255u;
+    const size_t ring_bytes = wbytes;
+    wbytes += pk_bytes(m); /* the packed copies, after the shards in the same allocation */
     carve c = {NULL, 0};
     layout(e, &c);
     size_t free_b = 0, total_b = 0;
@@ -387,6 +474,7 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     e->join = keel_ecu_event_new();
     e->hpin = keel_ecu_host_alloc(4 * sizeof(int));
     e->graphs = true;
+    e->packed = KEEL_CUDA_ENGINE_PACKED_DEFAULT;
     size_t off = 0;
     for (int i = 0; i < e->n_reg; i++) {
         e->reg[i].dev = (uint8_t *)e->weights + off + e->reg[i].pad;
@@ -426,6 +514,7 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
         bind_attn(e, &w->attn, &e->mtp.attn);
         bind_moe(e, &w->moe, &e->mtp.moe);
     }
+    pk_bind(e, (uint8_t *)e->weights + ring_bytes);
     keel_cuda_engine_reset(e);
     keel_ecu_sync(e->st);
     *out = e;
@@ -449,6 +538,7 @@ void keel_cuda_engine_free(keel_cuda_engine *e) {
     keel_ecu_free(e->arena);
     free(e->layers);
     free(e->slot);
+    free(e->pk);
     free(e);
 }
 
@@ -518,6 +608,13 @@ void keel_cuda_engine_set_graphs(keel_cuda_engine *e, bool on) {
     e->graphs = on;
 }
 
+void keel_cuda_engine_set_packed(keel_cuda_engine *e, bool on) {
+    if (on != e->packed) drop_graph(e);
+    e->packed = on;
+}
+
+int keel_cuda_engine_packed_count(const keel_cuda_engine *e) { return e->n_pk; }
+
 void keel_cuda_engine_set_fused_mamba(keel_cuda_engine *e, bool on) {
     if (on != e->fused_mamba) drop_graph(e);
     e->fused_mamba = on;
@@ -563,14 +660,17 @@ keel_code keel_cuda_engine_set_activations(keel_cuda_engine *e, keel_dtype dt, k
 
 /* ---- the layers ---- */
 
-/* y = x . W^T: a stream tile on bf16 rows, or the fp32 matvec for a float matrix (fp32 rows when given) and for
- * every matrix in fp32 activations mode (which always gives fp32 rows). */
+/* y = x . W^T: a stream tile on bf16 rows (the packed tile on its copy, the same bits, for a window of at most 8
+ * rows), or the fp32 matvec for a float matrix (fp32 rows when given) and for every matrix in fp32 activations mode
+ * (which always gives fp32 rows). */
 static void mm_on(keel_cuda_engine *e, void *st, int fam, const keel_cuda_qw *W, const float *xf, const uint16_t *xb,
                   int m, void *y, keel_dtype ydt, keel_epilogue epi) {
     fam_begin(e, fam);
     KEEL_ASSERT(!e->f32 || xf);
+    const keel_cuda_pw *pk = e->packed && m <= KEEL_CUDA_STREAM_MAX_ROWS ? pk_find(e, W) : NULL;
     if (W->bits == 0 || e->f32)
         keel_ecu_matvec(W, xf ? (const void *)xf : (const void *)xb, xf ? KEEL_DT_F32 : KEEL_DT_BF16, m, y, ydt, epi, st);
+    else if (pk) keel_cuda_stream_matmul_packed(pk, xb, KEEL_DT_BF16, m, y, ydt, epi, st);
     else keel_cuda_stream_matmul_rows(W, xb, KEEL_DT_BF16, m, y, ydt, epi, st); /* a prompt chunk, one launch */
     fam_end(e);
 }

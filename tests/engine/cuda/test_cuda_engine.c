@@ -212,24 +212,28 @@ static void test_graphs_same_tokens(void **state) {
 }
 
 /* The second stream and programmatic dependent launch change scheduling only, and the fused router, the route window,
- * the fused Mamba step and the norm in the router's matvec give the bits of the launches they replace: logits of
- * windows and prompt chunks, MTP logits and graph-replayed greedy tokens are bit-identical with the second stream off,
- * on and at low priority, with each fusion off and with dependent launch off (the engine's kernels, then the tiles
- * too). */
+ * the fused Mamba step, the norm in the router's matvec and the packed tile's copies give the bits of the launches
+ * they replace: logits of windows and prompt chunks, MTP logits and graph-replayed greedy tokens are bit-identical
+ * with the second stream off, on and at low priority, with each fusion off, with the packed tile off and with
+ * dependent launch off (the engine's kernels, then the tiles too). */
 static void test_scheduling_same_bits(void **state) {
     fx *f = *state;
     const keel_config *c = &f->model.cfg;
     const int n = f->n_tok, V = c->vocab, H = c->hidden;
     keel_cuda_engine *e = NULL;
     keel_err err = {0};
+    keel_cuda_engine_pack_scope(KEEL_CUDA_ENGINE_PACK_ALL); /* the fixture's matrices are all small */
     assert_int_equal(keel_cuda_engine_init(&e, &f->model, 128, &err), KEEL_OK);
+    keel_cuda_engine_pack_scope(KEEL_CUDA_ENGINE_PACK_LARGE);
     const size_t nl = (size_t)n * V;
-    enum { NCFG = 8 };
-    static const int cfg[NCFG][7] = {{0, 0, 0, 0, 1, 1, 0}, {1, 1, 1, 1, 1, 1, 1}, {2, 1, 1, 1, 1, 1, 1},
-                                     {1, 0, 1, 1, 1, 1, 1}, {1, 1, 0, 1, 1, 1, 1}, {1, 0, 0, 1, 1, 1, 1},
-                                     {1, 0, 0, 1, 0, 1, 1}, {1, 0, 0, 1, 0, 0, 1}};
+    /* the fixture's hidden size keeps every plain matrix unsplit: most of them get a packed copy */
+    assert_true(keel_cuda_engine_packed_count(e) >= 8);
+    enum { NCFG = 9 };
+    static const int cfg[NCFG][8] = {{0, 0, 0, 0, 1, 1, 0, 0}, {1, 1, 1, 1, 1, 1, 1, 1}, {2, 1, 1, 1, 1, 1, 1, 1},
+                                     {1, 0, 1, 1, 1, 1, 1, 1}, {1, 1, 0, 1, 1, 1, 1, 1}, {1, 0, 0, 1, 1, 1, 1, 1},
+                                     {1, 0, 0, 1, 0, 1, 1, 1}, {1, 0, 0, 1, 0, 0, 1, 1}, {1, 0, 0, 1, 1, 1, 1, 0}};
     /* side, fused router, fused Mamba step, route window (top-k and unions in one launch), the engine kernels' and
-     * the stream tiles' programmatic dependent launch, the norm in the router's matvec */
+     * the stream tiles' programmatic dependent launch, the norm in the router's matvec, the packed tile */
     float *logits[NCFG], *mtp[NCFG], *h = malloc((size_t)n * H * sizeof(float));
     collect toks[NCFG];
     memset(toks, 0, sizeof toks);
@@ -242,6 +246,7 @@ static void test_scheduling_same_bits(void **state) {
         keel_cuda_engine_set_fused_mamba(e, cfg[mode][2]);
         keel_cuda_engine_set_route_window(e, cfg[mode][3]);
         keel_cuda_engine_set_fused_norm(e, cfg[mode][6]);
+        keel_cuda_engine_set_packed(e, cfg[mode][7]);
         keel_ecu_set_pdl(cfg[mode][4]);
         keel_cuda_stream_pdl(cfg[mode][5]);
         for (int w = 0; w < 2; w++) { /* exact 8-row windows, then 64-row prompt chunks */
@@ -265,8 +270,9 @@ static void test_scheduling_same_bits(void **state) {
         assert_memory_equal(toks[mode].ids, toks[0].ids, sizeof toks[0].ids);
     }
     print_message("second stream off, on and at low priority, fused router, route window, Mamba step, the norm in "
-                  "the router and dependent launches on and off: logits (8-row windows, 64-row chunks), MTP logits "
-                  "and 32 graph-replayed greedy tokens bit-identical\n");
+                  "the router, the packed tile (%d matrices) and dependent launches on and off: logits (8-row windows, "
+                  "64-row chunks), MTP logits and 32 graph-replayed greedy tokens bit-identical\n",
+                  keel_cuda_engine_packed_count(e));
     for (int mode = 0; mode < NCFG; mode++) free(logits[mode]), free(mtp[mode]);
     free(h);
     keel_cuda_engine_free(e);
