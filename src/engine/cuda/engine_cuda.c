@@ -1,7 +1,8 @@
 /* engine/cuda: the Nemotron-H forward on the GPU, prompt and decode, the MTP head and generation.
  *
  * Weights: every safetensors shard (model and MTP head) is uploaded once, packed as stored, into one device
- * allocation; a host pointer into a mapping becomes base + its offset. State and scratch: a second allocation.
+ * allocation; a host pointer into a mapping becomes base + its offset. The packed tile's copies of the matrices it
+ * serves (pk_plan) follow the shards in that allocation. State and scratch: a second allocation.
  * Tokens go through in windows of up to 8 rows (the stream tiles' rows); every kernel gives a row the same bits
  * whatever window it is in, and routed tiles launch one row at a time (their k-split depends on the item count),
  * so a prompt and one-token decodes agree bit for bit. Activations into the tiles are bf16 (or, in fp32 mode, every
@@ -81,7 +82,12 @@ struct keel_cuda_engine {
     bool fused_mamba;  /* keel_cuda_engine_set_fused_mamba */
     bool packed;       /* keel_cuda_engine_set_packed */
     int n_pk;
-    struct pk_copy { const uint32_t *w; keel_cuda_pw pw; } *pk; /* (n_pk) packed copies, keyed by the ring layout's codes */
+    struct pk_copy {           /* a packed copy: planned before the allocation (pk_plan), bound after it (pk_bind) */
+        const keel_qmat *src;  /* the host matrix */
+        const uint32_t *w;     /* its ring-layout codes on the device: the key mm() looks it up by */
+        size_t off, bytes;     /* where in the packed part of the weight allocation */
+        keel_cuda_pw pw;
+    } *pk; /* (n_pk) */
     bool route_window; /* keel_cuda_engine_set_route_window */
     bool fused_norm;   /* keel_cuda_engine_set_fused_norm */
     struct {           /* the add and norm the next layer's launches take in (run_window) */
@@ -207,71 +213,66 @@ void keel_cuda_engine_pack_scope(int scope) {
     g_pack_scope = scope == KEEL_CUDA_ENGINE_PACK_ALL ? scope : KEEL_CUDA_ENGINE_PACK_LARGE;
 }
 
-/* A plain matrix the packed tile computes with the ring tile's bits (16-bit scales, neither tile splitting k) and,
- * unless the scope is every such matrix, faster: a row tile for every warp of a full grid (16 warps an SM). */
-static bool pk_eligible(const keel_qmat *m) {
-    return m->w && m->bits >= 2 && m->bits <= 8 && m->bits != 7 && (m->sdt == KEEL_DT_BF16 || m->sdt == KEEL_DT_F16) &&
-           keel_cuda_stream_splits(m->n, m->k, 0) == 1 && keel_cuda_packed_splits(m->n, m->k) == 1 &&
-           keel_cuda_pack_bytes(m->n, m->k, m->bits, m->group) > 0 &&
-           (g_pack_scope == KEEL_CUDA_ENGINE_PACK_ALL || (m->n + 15) / 16 >= 16 * keel_cuda_sm_count());
+/* Bytes rounded up to the 256-byte alignment every tensor of the weight allocation starts on. */
+static size_t al256(size_t b) { return (b + 255u) & ~(size_t)255u; }
+
+/* The bytes of m's packed copy where the packed tile computes it with the ring tile's bits (16-bit scales, a
+ * packable shape, neither tile splitting k) and, unless the scope is every such matrix, faster: a row tile for every
+ * warp of a full grid (16 warps an SM); else 0. */
+static size_t pk_eligible(const keel_qmat *m) {
+    const size_t b = m->w && (m->sdt == KEEL_DT_BF16 || m->sdt == KEEL_DT_F16)
+                         ? keel_cuda_pack_bytes(m->n, m->k, m->bits, m->group) : 0;
+    return b && keel_cuda_stream_splits(m->n, m->k, 0) == 1 && keel_cuda_packed_splits(m->n, m->k) == 1 &&
+                   (g_pack_scope == KEEL_CUDA_ENGINE_PACK_ALL || (m->n + 15) / 16 >= 16 * keel_cuda_sm_count())
+               ? b : 0;
 }
 
-/* Every plain (not stacked) matrix of the model and its MTP head that mm() launches; returns the count (cap: out's). */
-static int pk_list(const keel_model *m, const keel_qmat **out, int cap) {
-    int n = 0;
-#define PK_ADD(q) (n < cap ? (void)(out[n++] = (q)) : (void)0)
+/* Plans a packed copy of every eligible plain (not stacked) matrix that mm() launches, of the model and its MTP
+ * head, into e->pk; returns their device bytes (each 256-byte aligned). */
+static size_t pk_plan(keel_cuda_engine *e) {
+    const keel_model *m = e->model;
+    e->pk = keel_xcalloc((size_t)(1 + 4 * m->cfg.n_layer + 7), sizeof *e->pk); /* lm_head, 4 a layer, 7 of the head */
+    size_t off = 0;
+#define PK_ADD(q)                                                                                                  \
+    do {                                                                                                           \
+        const size_t b_ = pk_eligible(q);                                                                          \
+        if (b_) e->pk[e->n_pk++] = (struct pk_copy){.src = (q), .off = off, .bytes = b_}, off += al256(b_);       \
+    } while (0)
     PK_ADD(&m->lm_head);
     for (int l = 0; l < m->cfg.n_layer; l++) {
         const keel_layer *L = &m->layers[l];
         switch (L->kind) {
-        case KEEL_MIXER_MAMBA: PK_ADD(&L->mamba.in_proj), PK_ADD(&L->mamba.out_proj); break;
-        case KEEL_MIXER_ATTN: PK_ADD(&L->attn.q), PK_ADD(&L->attn.k), PK_ADD(&L->attn.v), PK_ADD(&L->attn.o); break;
-        case KEEL_MIXER_MLP: PK_ADD(&L->mlp.up), PK_ADD(&L->mlp.down); break;
-        case KEEL_MIXER_MOE: PK_ADD(&L->moe.shared.up), PK_ADD(&L->moe.shared.down); break;
+        case KEEL_MIXER_MAMBA: PK_ADD(&L->mamba.in_proj); PK_ADD(&L->mamba.out_proj); break;
+        case KEEL_MIXER_ATTN: PK_ADD(&L->attn.q); PK_ADD(&L->attn.k); PK_ADD(&L->attn.v); PK_ADD(&L->attn.o); break;
+        case KEEL_MIXER_MLP: PK_ADD(&L->mlp.up); PK_ADD(&L->mlp.down); break;
+        case KEEL_MIXER_MOE: PK_ADD(&L->moe.shared.up); PK_ADD(&L->moe.shared.down); break;
         }
     }
     if (m->has_mtp) {
         const keel_mtp_w *w = &m->mtp;
-        PK_ADD(&w->eh_proj), PK_ADD(&w->attn.q), PK_ADD(&w->attn.k), PK_ADD(&w->attn.v), PK_ADD(&w->attn.o);
-        PK_ADD(&w->moe.shared.up), PK_ADD(&w->moe.shared.down);
+        PK_ADD(&w->eh_proj); PK_ADD(&w->attn.q); PK_ADD(&w->attn.k); PK_ADD(&w->attn.v); PK_ADD(&w->attn.o);
+        PK_ADD(&w->moe.shared.up); PK_ADD(&w->moe.shared.down);
     }
 #undef PK_ADD
-    return n;
-}
-#define PK_MAX(m) (1 + 4 * (m)->cfg.n_layer + 7)
-
-/* Device bytes of the packed copies (each 256-byte aligned). */
-static size_t pk_bytes(const keel_model *m) {
-    const keel_qmat **q = keel_xmalloc((size_t)PK_MAX(m) * sizeof *q);
-    const int n = pk_list(m, q, PK_MAX(m));
-    size_t b = 0;
-    for (int i = 0; i < n; i++)
-        if (pk_eligible(q[i])) b += (keel_cuda_pack_bytes(q[i]->n, q[i]->k, q[i]->bits, q[i]->group) + 255u) & ~(size_t)255u;
-    free(q);
-    return b;
+    return off;
 }
 
-/* Packs every eligible matrix into the device memory at base (pk_bytes of it), after the ring layout is bound. */
+/* Packs and uploads the planned copies into base (the packed part of the weight allocation), after the ring layout
+ * is bound (each copy is keyed by the ring layout's device codes). */
 static void pk_bind(keel_cuda_engine *e, uint8_t *base) {
-    const keel_model *m = e->model;
-    const keel_qmat **q = keel_xmalloc((size_t)PK_MAX(m) * sizeof *q);
-    const int n = pk_list(m, q, PK_MAX(m));
-    e->pk = keel_xcalloc((size_t)KEEL_MAX(n, 1), sizeof *e->pk);
-    size_t off = 0, most = 0;
-    for (int i = 0; i < n; i++)
-        if (pk_eligible(q[i])) most = KEEL_MAX(most, keel_cuda_pack_bytes(q[i]->n, q[i]->k, q[i]->bits, q[i]->group));
+    size_t most = 0;
+    for (int i = 0; i < e->n_pk; i++) most = KEEL_MAX(most, e->pk[i].bytes);
     void *host = most ? keel_xmalloc(most) : NULL;
-    for (int i = 0; i < n; i++) {
-        if (!pk_eligible(q[i])) continue;
-        const size_t b = keel_cuda_pack_bytes(q[i]->n, q[i]->k, q[i]->bits, q[i]->group);
+    for (int i = 0; i < e->n_pk; i++) {
+        struct pk_copy *c = &e->pk[i];
+        const keel_qmat *q = c->src;
         char why[256];
-        KEEL_ASSERTF(keel_cuda_pack(q[i], host, b, why, sizeof why), "packing an eligible matrix: %s", why);
-        keel_cuda_upload(base + off, host, b);
-        e->pk[e->n_pk++] = (struct pk_copy){tr(e, q[i]->w), {base + off, q[i]->n, q[i]->k, q[i]->bits, q[i]->group, q[i]->sdt}};
-        off += (b + 255u) & ~(size_t)255u;
+        KEEL_ASSERTF(keel_cuda_pack(q, host, c->bytes, why, sizeof why), "packing an eligible matrix: %s", why);
+        keel_cuda_upload(base + c->off, host, c->bytes);
+        c->w = tr(e, q->w);
+        c->pw = (keel_cuda_pw){base + c->off, q->n, q->k, q->bits, q->group, q->sdt};
     }
     free(host);
-    free(q);
 }
 
 /* The packed copy of W (bound by pk_bind), or NULL. */
@@ -353,7 +354,7 @@ typedef struct carve {
 } carve;
 
 static void *take(carve *c, size_t bytes) {
-    c->off = (c->off + 255u) & ~(size_t)255u;
+    c->off = al256(c->off);
     void *p = c->base ? c->base + c->off : NULL;
     c->off += bytes;
     return p;
@@ -435,9 +436,9 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
         return rc;
     }
     size_t wbytes = 0;
-    for (int i = 0; i < e->n_reg; i++) wbytes += (e->reg[i].pad + e->reg[i].size + 255u) & ~(size_t)255u;
+    for (int i = 0; i < e->n_reg; i++) wbytes += al256(e->reg[i].pad + e->reg[i].size);
     const size_t ring_bytes = wbytes;
-    wbytes += pk_bytes(m); /* the packed copies, after the shards in the same allocation */
+    wbytes += pk_plan(e); /* the packed copies, after the shards in the same allocation */
     carve c = {NULL, 0};
     layout(e, &c);
     size_t free_b = 0, total_b = 0;
@@ -479,7 +480,7 @@ keel_code keel_cuda_engine_init(keel_cuda_engine **out, const keel_model *m, int
     for (int i = 0; i < e->n_reg; i++) {
         e->reg[i].dev = (uint8_t *)e->weights + off + e->reg[i].pad;
         keel_ecu_upload(e->reg[i].dev, e->reg[i].host, e->reg[i].size, e->st);
-        off += (e->reg[i].pad + e->reg[i].size + 255u) & ~(size_t)255u;
+        off += al256(e->reg[i].pad + e->reg[i].size);
     }
     c.base = e->arena;
     c.off = 0;
