@@ -17,7 +17,7 @@
 #include "../kernels/cpu/cpu.h"
 
 #define KEEL_CONTRACT_NAME_MAX 96
-#define KEEL_CONTRACT_MAX_SHAPES 6
+#define KEEL_CONTRACT_MAX_SHAPES 8
 #define KEEL_CONTRACT_MAX_CONTROLS 8
 #define KEEL_CONTRACT_MAX_REPLACES 2
 #define KEEL_CONTRACT_GUARD 256 /* canary bytes before and after every buffer */

@@ -6,7 +6,7 @@
  *     activations, both outputs, both epilogues, run at m = 1..20 (three groups, the last partial) on a split k;
  *   keel_cuda_stream_matmul_packed: width x group x scale dtype {BF16,F16} x activation {BF16,F16} x (F32 and BF16
  *     plain, F32 fused relu2), each held to the ring tile's bits (gate 4), on a packed copy of the case's matrix made
- *     once per case (packed_of), with two shapes that walk k in halves (gates 1-3, its roundings in the bound);
+ *     once per case (packed_of), with shapes that walk k in quarters and halves (gates 1-3, their roundings in the bound);
  *     controls from its own twin (twin_cuda_packed.cu);
  *   keel_cuda_relu2: F32 and BF16;
  *   keel_cuda_stream_experts_up (fused relu2, and plain) and keel_cuda_stream_experts_down: every width and group,
@@ -166,7 +166,8 @@ static void pk_pastend(const keel_contract_reg *r, const keel_contract_args *a) 
 static void pk_rowleak(const keel_contract_reg *r, const keel_contract_args *a) { packed_run(true, KEEL_CONTRACT_PLANT_ROWLEAK, r, a); }
 
 /* Gate 1 of the packed tile: an image for this device that fits its limits; gate 4 holds it to the ring tile bit for
- * bit on its last shape, which must then not k-split in the ring tile here; its halves shapes must split here. */
+ * bit on its last shape, which must then not k-split in the ring tile here; its halves and quarters shapes must split
+ * so here. */
 static bool packed_available(const keel_contract_reg *reg, char *why, size_t cap) {
     if (!keel_contract_cuda_packed_probe(reg->bits, reg->xdt == KEEL_DT_F16, why, cap)) return false;
     const keel_contract_shape *s = &reg->shapes[reg->n_shapes - 1];
@@ -177,6 +178,11 @@ static bool packed_available(const keel_contract_reg *reg, char *why, size_t cap
     const keel_contract_shape *h = &reg->shapes[reg->n_shapes - 2];
     if (keel_cuda_packed_splits(h->n, h->k) != 2) {
         snprintf(why, cap, "its halves shape n=%d k=%d does not split on this device", h->n, h->k);
+        return false;
+    }
+    const keel_contract_shape *qs = &reg->shapes[reg->n_shapes - 4];
+    if (keel_cuda_packed_splits(qs->n, qs->k) != 4) {
+        snprintf(why, cap, "its quarters shape n=%d k=%d does not split in four on this device", qs->n, qs->k);
         return false;
     }
     return true;
@@ -344,11 +350,14 @@ int keel_contract_register_cuda(keel_contract_table *t) {
                         stream_name(r->name, sizeof r->name, "packed", r->bits, G, r->sdt, r->xdt, r->ydt, epi);
                         r->splits = packed_splits;
                         /* smallest; one group past a tile, odd n; k past whole spans; several tiles a warp and two
-                         * x-chunks at m = 8 (k 3200 > 3072); k in halves (66 spans) at m = 1 (whole x) and m = 8
-                         * (x-chunks, several a half); the gate-4 shape (no k-split in the ring tile) */
+                         * x-chunks at m = 8 (k 3200 > 3072); k in quarters (128 spans, two tiles a warp where the
+                         * width allows pairs) and in halves (66 spans) at m = 1 (whole x) and m = 8 (x-chunks,
+                         * several a part); the gate-4 shape (no k-split in the ring tile) */
                         r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 1, .k = G, .m_lo = 1, .m_hi = 1};
                         r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 17, .k = G, .m_lo = 1, .m_hi = 8};
                         r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 300, .k = 3200, .m_lo = 7, .m_hi = 8};
+                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 16384, .m_lo = 1, .m_hi = 1};
+                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 16384, .m_lo = 8, .m_hi = 8};
                         r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 8448, .m_lo = 1, .m_hi = 1};
                         r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 8448, .m_lo = 8, .m_hi = 8};
                         r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 67, .k = 3 * G, .m_lo = 1, .m_hi = 8};

@@ -164,10 +164,11 @@ bool keel_cuda_pack_upload_qw(const keel_cuda_qw *W, keel_cuda_pw *out, char *wh
 /* y (m, n) = epi(x (m, k) . dequant(W)^T), m = 1..8, as keel_cuda_stream_matmul. */
 void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void *x, keel_dtype xdt, int m, void *y,
                                     keel_dtype ydt, keel_epilogue epi, void *stream);
-/* 2 where the packed tile sums k in two halves (few row tiles, k of 64 spans or more, an even count of spans: the
- * halves add first + second), else 1. A function of the shape and the chip's SM count, never of m. */
+/* The parts the packed tile sums k in: 2 (few row tiles, k of 64 spans or more, an even count of spans), 4 (the same
+ * with a count of 128 spans or more that divides by 4), else 1; the parts add in order (((first + second) + third)
+ * + fourth). A function of the shape and the chip's SM count, never of m. */
 int keel_cuda_packed_splits(int n, int k);
-/* How this host thread's last packed launch walked (for tests): two tiles a warp, and/or k in halves. */
+/* How this host thread's last packed launch walked (for tests): two tiles a warp, and/or k in parts. */
 #define KEEL_CUDA_PK_WALK_PAIRS 1
 #define KEEL_CUDA_PK_WALK_SPLIT 2
 int keel_cuda_packed_last_walk(void);

@@ -9,8 +9,8 @@
  *   per-stage bookkeeping; the block stages x (the whole k when it fits) in the ring tile's fragment order.
  * - Per 32-code block and group the warp issues exactly the ring tile's decode, mma chain and group end, so a
  *   launch equals keel_cuda_stream_matmul on the same matrix bit for bit wherever neither splits k.
- * - Few row tiles and a long k (keel_cuda_packed_splits): a kernel of its own walks each tile's k in two halves on
- *   two warps of a block and adds the halves' sums (first + second) before the epilogue.
+ * - Few row tiles and a long k (keel_cuda_packed_splits): a kernel of its own walks each tile's k in two or four parts
+ *   on as many warps of a block and adds the parts' sums in order before the epilogue.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,18 +82,21 @@ struct PParams {
     long long last;         /* index of the last output element */
     int xk;                 /* codes of an x-chunk (a multiple of kSpan; kp when the whole k fits) */
     int pairs;              /* a warp walks two tiles side by side (units of two tiles) */
-    int split;              /* k in halves (pk_splits): warps w and w + 4 walk one tile's halves; xk: a half's chunk */
+    int split;              /* k in parts (pk_splits: 2 or 4, else 0; layouts: packed_split); xk: a region's chunk */
 };
 
-#ifndef KEEL_PK_SPLIT_KERNEL /* the k-in-halves kernel is built (the contract twin leaves it out) */
+#ifndef KEEL_PK_SPLIT_KERNEL /* the k-in-parts kernel is built (the contract twin leaves it out) */
 #define KEEL_PK_SPLIT_KERNEL 1
 #endif
 
-/* 2 where the packed tile walks k in two halves (few row tiles, long k: one warp a tile would leave most of the
- * chip idle), else 1; a function of the shape and the chip's SM count alone, so never of m or the grid. */
+/* The parts the packed tile walks k in: 2 where few row tiles and a long k would leave most of the chip idle with one
+ * warp a tile, 4 where k is twice as long again (a warp then walks two tiles' quarters side by side where the width
+ * allows pairs: as many walks as halves, two chains each), else 1; a function of the shape and the chip's SM count
+ * alone, so never of m or the grid. */
 int pk_splits(int n, int k) {
     const int ns = (k + kSpan - 1) / kSpan, tiles = (n + kPkRows - 1) / kPkRows;
-    return KEEL_PK_SPLIT_KERNEL && ns % 2 == 0 && ns >= 64 && 2LL * tiles <= 16LL * keel_cuda_sm_count() ? 2 : 1;
+    if (!KEEL_PK_SPLIT_KERNEL || ns % 2 != 0 || ns < 64 || 2LL * tiles > 16LL * keel_cuda_sm_count()) return 1;
+    return ns % 4 == 0 && ns >= 128 ? 4 : 2;
 }
 
 thread_local int pk_last_walk; /* KEEL_CUDA_PK_WALK_* of this host thread's last launch */
@@ -370,48 +373,90 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
     }
 }
 
-/* k in halves (P.split, its own kernel): each round, warps w and w + 4 of a block walk the first and the second
- * half of the spans of tile base + w, each half through its own x-chunks (the two staged side by side); then the
- * halves' sums add in a fixed order (first + second) and warp w stores. The order never depends on m, the
- * chunking or the grid. */
-template <int B, bool XF16, bool ONE, int LG, bool SBF>
+/* Stages chunk c (lenp codes a region) of each of the R regions' x side by side (region h from span h * hs),
+ * then their per-group sums. */
+template <bool XF16>
+__device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int c, int lenp, uint4 *smem, size_t xfn,
+                                            float *xs0, size_t xsn) {
+    const int xsp = P.xk / kSpan;
+    __syncthreads();
+    for (int h = 0; h < R; h++) {
+        const int c0 = (h * hs + c * xsp) * kSpan;
+        stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, min(lenp, P.k - c0), lenp, smem + h * xfn);
+    }
+    __syncthreads();
+    for (int h = 0; h < R; h++) stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn);
+    __syncthreads();
+}
+
+/* k in S parts (P.split: 2 or 4, its own kernel); each part's sum runs over its spans from zero, and the parts add
+ * in a fixed order (((first + second) + third) + fourth) before the first warp stores, so the bits never depend on
+ * m, T, the chunking or the grid. Two layouts of a block's 8 warps:
+ * - T = 2 (quarters at m = 1 with whole x, widths with pairs): warps slot, slot + 2, ... walk the 4 parts of unit
+ *   base + slot (two tiles side by side), each part's x staged once side by side;
+ * - T = 1: warps slot and slot + 4 walk the first and the second half of tile base + slot through their halves'
+ *   x-chunks, each half as S / 2 parts (at a part's start the sum so far goes to shared memory and the walk restarts
+ *   from zero). */
+template <int B, bool XF16, bool ONE, int LG, bool SBF, int T>
 __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = warp >> 2, slot = warp & 3;
-    const int hs = P.ns / 2, xsp = P.xk / kSpan, nchunk = (hs + xsp - 1) / xsp;
+    constexpr int R = T == 2 ? 4 : 2; /* x regions and warps a unit */
+    /* parts a warp walks: 1, or 2 (quarters, T = 1); T = 2 walks one part through whole x (launcher) */
+    const int S = T == 2 ? 4 : P.split, slots = kPkWarps / R, per = T == 2 ? 1 : S / R;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, reg = warp / slots, slot = warp % slots;
+    const int units = (P.tiles + T - 1) / T, hs = P.ns / R, hq = P.ns / S, xsp = P.xk / kSpan;
+    const int nchunk = T == 2 ? 1 : (hs + xsp - 1) / xsp, gps = 4 >> LG; /* groups a span */
     const size_t xfn = (size_t)P.m * P.xk / 8, xsn = (size_t)P.m * (P.xk / P.group); /* a chunk's uint4s, sums */
-    float *xs0 = (float *)(smem + 2 * xfn);
-    float *part = xs0 + 2 * xsn; /* (4 slots, 32 lanes, 4) the second halves' sums */
+    float *xs0 = (float *)(smem + R * xfn);
+    float *psum = xs0 + R * xsn; /* (R regions, slots, 32 lanes, per, T, 4) the parts' sums */
     kp_grid_wait(); /* x belongs to the previous kernel until now */
-    for (int base = blockIdx.x * 4; base < P.tiles; base += gridDim.x * 4) {
-        const int tile = base + slot;
-        float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-        for (int c = 0; c < nchunk; c++) {
-            const int lenp = min(P.xk, (hs - c * xsp) * kSpan);
-            if (nchunk > 1 || base == blockIdx.x * 4) { /* a single chunk is staged once for every round */
-                __syncthreads();
-                for (int h = 0; h < 2; h++) {
-                    const int c0 = (h * hs + c * xsp) * kSpan;
-                    stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, min(lenp, P.k - c0), lenp, smem + h * xfn);
-                }
-                __syncthreads();
-                for (int h = 0; h < 2; h++) stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn);
-                __syncthreads();
-            }
-            const int s0 = half * hs + c * xsp;
-            walk<B, XF16, ONE, LG, SBF, 1>(P, tile, 0, tile < P.tiles, s0, s0 + lenp / kSpan, false, smem + half * xfn,
-                                           xs0 + half * xsn, lenp / 32, lenp / P.group, lane, acc);
-        }
-        if (half) {
+    if (nchunk == 1) stage_parts<XF16>(P, R, hs, 0, P.xk, smem, xfn, xs0, xsn); /* one chunk: staged once */
+    for (int base = blockIdx.x * slots; base < units; base += gridDim.x * slots) {
+        const int unit = base + slot, bq = reg * hs + hq; /* bq: the second part's first span (per = 2) */
+        float *mine = psum + ((size_t)(reg * slots + slot) * 32 + lane) * per * T * 4; /* this warp's parts */
+        float acc[T][4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) part[slot * 128 + lane * 4 + e] = acc[0][e];
+        for (int u = 0; u < T; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
+        for (int c = 0; c < nchunk; c++) {
+            const int lenp = min(P.xk, (hs - c * xsp) * kSpan), s0 = reg * hs + c * xsp, s1 = s0 + lenp / kSpan;
+            if (nchunk > 1) stage_parts<XF16>(P, R, hs, c, lenp, smem, xfn, xs0, xsn);
+            /* the chunk's spans in segments that end at the second part's start (one walk call: inlined once) */
+            for (int a = s0, e; a < s1; a = e) {
+                e = per == 2 && a < bq && bq < s1 ? bq : s1;
+                if (per == 2 && a == bq) { /* the first part's sum is kept in shared memory; the second from zero */
+#pragma unroll
+                    for (int u = 0; u < T; u++)
+#pragma unroll
+                        for (int v = 0; v < 4; v++) mine[u * 4 + v] = acc[u][v], acc[u][v] = 0.f;
+                }
+                walk<B, XF16, ONE, LG, SBF, T>(P, unit, 0, unit < units, a, e, false, smem + reg * xfn + (a - s0) * 16,
+                                               xs0 + reg * xsn + (a - s0) * gps, lenp / 32, lenp / P.group, lane, acc);
+            }
+        }
+        if (reg) {
+#pragma unroll
+            for (int u = 0; u < T; u++)
+#pragma unroll
+                for (int v = 0; v < 4; v++) mine[(per - 1) * T * 4 + u * 4 + v] = acc[u][v];
         }
         __syncthreads();
-        if (!half && tile < P.tiles) {
+        if (!reg && unit < units) {
+            if (per == 2) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[0][e] = __fadd_rn(acc[0][e], part[slot * 128 + lane * 4 + e]);
-            store_tile(P, tile, lane, acc[0]);
+                for (int u = 0; u < T; u++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++) acc[u][v] = __fadd_rn(mine[u * 4 + v], acc[u][v]);
+            }
+            for (int q = per; q < S; q++) { /* the later parts in order */
+                const float *o = mine + ((size_t)(q / per) * slots * 32 * per + q % per) * T * 4;
+#pragma unroll
+                for (int u = 0; u < T; u++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++) acc[u][v] = __fadd_rn(acc[u][v], o[u * 4 + v]);
+            }
+#pragma unroll
+            for (int u = 0; u < T; u++) store_tile(P, T * unit + u, lane, acc[u]);
         }
-        __syncthreads(); /* part is read before the next round writes it */
+        __syncthreads(); /* psum is read before the next round writes it */
     }
 }
 
@@ -445,9 +490,11 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed(
 
 template <int B, bool XF16, bool ONE, bool SBF>
 __device__ __forceinline__ void split_lg(const PParams &P, int lg, uint4 *smem) {
-    if (lg == 0) packed_split<B, XF16, ONE, 0, SBF>(P, smem);
-    else if (lg == 1) packed_split<B, XF16, ONE, 1, SBF>(P, smem);
-    else packed_split<B, XF16, ONE, 2, SBF>(P, smem);
+    if (lg == 0) packed_split<B, XF16, ONE, 0, SBF, 1>(P, smem);
+    else if (lg == 1 && ONE && KEEL_PK_PAIRS(B, ONE, 1) && P.pairs) packed_split<B, XF16, ONE, 1, SBF, 2>(P, smem);
+    else if (lg == 1) packed_split<B, XF16, ONE, 1, SBF, 1>(P, smem);
+    else if (ONE && KEEL_PK_PAIRS(B, ONE, 2) && P.pairs) packed_split<B, XF16, ONE, 2, SBF, 2>(P, smem);
+    else packed_split<B, XF16, ONE, 2, SBF, 1>(P, smem);
 }
 
 /* The packed tile with k in halves (keel_cuda_packed_splits == 2): a kernel of its own, so the walks of the
@@ -466,6 +513,12 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed_
     }
 }
 
+/* Shared memory of a split launch walking R x regions: R chunks of x, their sums and the parts' sums. */
+static size_t pk_split_smem(const PParams &P, int R) {
+    const size_t psum = (size_t)R * (kPkWarps / R) * 32 * (P.split / R) * (R == 4 ? 2 : 1) * 4 * 4;
+    return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * (P.xk / P.group) * 4) + psum;
+}
+
 template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaStream_t st) {
     static bool attr[2] = {false, false};
     /* blocks an SM by kernel and shared memory (it depends on m, the chunk and the group), the last kPkOcc seen */
@@ -482,6 +535,31 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
         KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, KEEL_CUDA_PACKED_SMEM));
         attr[sp] = true;
     }
+    static int arch_pairs = -1; /* the image this device runs has the pair walks */
+    if (arch_pairs < 0) {
+#if defined(__HIPCC__)
+        arch_pairs = 1;
+#else
+        cudaFuncAttributes fa;
+        KEEL_CUDA_CHECK(cudaFuncGetAttributes(&fa, fn));
+        arch_pairs = fa.binaryVersion != KEEL_PK_NO_PAIRS_SM;
+#endif
+    }
+    const bool can = arch_pairs && KEEL_PK_PAIRS(B, P.m == 1, pk_lg(P.group));
+    PParams Q = P;
+    if (P.split) {
+        /* quarters at m = 1 with whole x, where the width has pairs: four regions, two tiles a warp; else two
+         * regions (halves) of x-chunks as long as shared memory allows */
+        const int most = kPkXBytes / 2 / P.m / kSpan * kSpan;
+        Q.xk = P.kp / 4;
+        Q.pairs = can && P.split == 4 && P.m == 1 && Q.xk <= most / 4 && pk_split_smem(Q, 4) <= KEEL_CUDA_PACKED_SMEM;
+        if (!Q.pairs) {
+            Q.xk = P.kp / 2 <= most / 2 ? P.kp / 2 : most / 2 / kSpan * kSpan;
+            while (pk_split_smem(Q, 2) > KEEL_CUDA_PACKED_SMEM) Q.xk -= kSpan;
+        }
+        smem = pk_split_smem(Q, Q.pairs ? 4 : 2);
+        KEEL_ASSERT(Q.xk >= kSpan && smem <= KEEL_CUDA_PACKED_SMEM);
+    }
     int bps = 0;
     for (int i = 0; i < nocc && i < kPkOcc; i++)
         if (occ[i].smem == smem && occ[i].split == sp) bps = occ[i].bps;
@@ -493,21 +571,10 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
     /* one block a unit at most (whole k: units spread over blocks first), no more than fit at once */
     const long long fill = (long long)bps * keel_cuda_sm_count();
     /* tile pairs only where there are pairs enough for every warp (else fewer warps an SM would walk them) */
-    const bool can = KEEL_PK_PAIRS(B, P.m == 1, pk_lg(P.group));
-    PParams Q = P;
-    static int arch_pairs = -1; /* the image this device runs has the pair walks */
-    if (arch_pairs < 0) {
-#if defined(__HIPCC__)
-        arch_pairs = 1;
-#else
-        cudaFuncAttributes fa;
-        KEEL_CUDA_CHECK(cudaFuncGetAttributes(&fa, fn));
-        arch_pairs = fa.binaryVersion != KEEL_PK_NO_PAIRS_SM;
-#endif
-    }
-    Q.pairs = !P.split && arch_pairs && can && (P.tiles + 1) / 2 >= fill * kPkWarps;
+    if (!P.split) Q.pairs = can && (P.tiles + 1) / 2 >= fill * kPkWarps;
     const long long units = Q.pairs ? (P.tiles + 1) / 2 : P.tiles;
-    const long long want = P.split ? (P.tiles + 3) / 4 : P.xk >= P.kp ? units : (units + kPkWarps - 1) / kPkWarps;
+    const long long slots = P.split ? kPkWarps / (Q.pairs ? 4 : 2) : kPkWarps;
+    const long long want = P.split || P.xk < P.kp ? (units + slots - 1) / slots : units;
     const unsigned blocks = (unsigned)(want < fill ? want : fill);
     pk_last_walk = (Q.pairs ? KEEL_CUDA_PK_WALK_PAIRS : 0) | (sp ? KEEL_CUDA_PK_WALK_SPLIT : 0);
 #if KEEL_PK_SPLIT_KERNEL
@@ -599,14 +666,10 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
     P.epi = (int)epi;
     P.last = (long long)m * W->n - 1;
     const int most = kPkXBytes / 2 / m / kSpan * kSpan;
-    P.split = pk_splits(W->n, W->k) == 2;
-    size_t smem;
-    if (P.split) { /* two half-chunks of x, their sums and the second halves' sums (4 warps x 32 lanes x 4) */
-        P.xk = P.kp / 2 <= most / 2 ? P.kp / 2 : most / 2 / kSpan * kSpan;
-        while ((smem = 2 * ((size_t)m * P.xk * 2 + (size_t)m * (P.xk / W->group) * 4) + 4 * 32 * 4 * 4) >
-               KEEL_CUDA_PACKED_SMEM)
-            P.xk -= kSpan;
-    } else {
+    const int S = pk_splits(W->n, W->k);
+    P.split = S > 1 ? S : 0;
+    size_t smem = 0; /* a split launch's chunk and shared memory: launch_pk (they depend on the walk) */
+    if (!P.split) {
         P.xk = P.kp <= most ? P.kp : most;
         smem = (size_t)m * P.xk * 2 + (size_t)m * (P.xk / W->group) * 4;
     }
