@@ -513,13 +513,14 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed_
     }
 }
 
-/* Shared memory of a split launch walking R x regions: R chunks of x, their sums and the parts' sums. */
-static size_t pk_split_smem(const PParams &P, int R) {
+/* Shared memory of a launch staging R x regions (1 unsplit): R chunks of x, their sums and a split's parts' sums. */
+static size_t pk_smem_bytes(const PParams &P, int R) {
     const size_t psum = (size_t)R * (kPkWarps / R) * 32 * (P.split / R) * (R == 4 ? 2 : 1) * 4 * 4;
     return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * (P.xk / P.group) * 4) + psum;
 }
 
-template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaStream_t st) {
+/* Picks the launch's walk (x-chunk, tile pairs, k-split layout) and grid, then launches. */
+template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
     static bool attr[2] = {false, false};
     /* blocks an SM by kernel and shared memory (it depends on m, the chunk and the group), the last kPkOcc seen */
     enum { kPkOcc = 16 };
@@ -547,19 +548,21 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
     }
     const bool can = arch_pairs && KEEL_PK_PAIRS(B, P.m == 1, pk_lg(P.group));
     PParams Q = P;
-    if (P.split) {
+    const int most = kPkXBytes / 2 / P.m / kSpan * kSpan; /* codes of x a block stages at most */
+    if (!P.split) {
+        Q.xk = P.kp <= most ? P.kp : most;
+    } else {
         /* quarters at m = 1 with whole x, where the width has pairs: four regions, two tiles a warp; else two
          * regions (halves) of x-chunks as long as shared memory allows */
-        const int most = kPkXBytes / 2 / P.m / kSpan * kSpan;
         Q.xk = P.kp / 4;
-        Q.pairs = can && P.split == 4 && P.m == 1 && Q.xk <= most / 4 && pk_split_smem(Q, 4) <= KEEL_CUDA_PACKED_SMEM;
+        Q.pairs = can && P.split == 4 && P.m == 1 && Q.xk <= most / 4 && pk_smem_bytes(Q, 4) <= KEEL_CUDA_PACKED_SMEM;
         if (!Q.pairs) {
             Q.xk = P.kp / 2 <= most / 2 ? P.kp / 2 : most / 2 / kSpan * kSpan;
-            while (pk_split_smem(Q, 2) > KEEL_CUDA_PACKED_SMEM) Q.xk -= kSpan;
+            while (pk_smem_bytes(Q, 2) > KEEL_CUDA_PACKED_SMEM) Q.xk -= kSpan;
         }
-        smem = pk_split_smem(Q, Q.pairs ? 4 : 2);
-        KEEL_ASSERT(Q.xk >= kSpan && smem <= KEEL_CUDA_PACKED_SMEM);
     }
+    const size_t smem = pk_smem_bytes(Q, !P.split ? 1 : Q.pairs ? 4 : 2);
+    KEEL_ASSERT(Q.xk >= kSpan && smem <= KEEL_CUDA_PACKED_SMEM);
     int bps = 0;
     for (int i = 0; i < nocc && i < kPkOcc; i++)
         if (occ[i].smem == smem && occ[i].split == sp) bps = occ[i].bps;
@@ -574,7 +577,7 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
     if (!P.split) Q.pairs = can && (P.tiles + 1) / 2 >= fill * kPkWarps;
     const long long units = Q.pairs ? (P.tiles + 1) / 2 : P.tiles;
     const long long slots = P.split ? kPkWarps / (Q.pairs ? 4 : 2) : kPkWarps;
-    const long long want = P.split || P.xk < P.kp ? (units + slots - 1) / slots : units;
+    const long long want = P.split || Q.xk < P.kp ? (units + slots - 1) / slots : units;
     const unsigned blocks = (unsigned)(want < fill ? want : fill);
     pk_last_walk = (Q.pairs ? KEEL_CUDA_PK_WALK_PAIRS : 0) | (sp ? KEEL_CUDA_PK_WALK_SPLIT : 0);
 #if KEEL_PK_SPLIT_KERNEL
@@ -586,14 +589,14 @@ template <int B, bool XF16> void launch_pk(const PParams &P, size_t smem, cudaSt
     KEEL_CUDA_CHECK_LAUNCH();
 }
 
-template <bool XF16> void launch_pk_bits(int bits, const PParams &P, size_t smem, cudaStream_t st) {
+template <bool XF16> void launch_pk_bits(int bits, const PParams &P, cudaStream_t st) {
     switch (bits) {
-    case 2: launch_pk<2, XF16>(P, smem, st); break;
-    case 3: launch_pk<3, XF16>(P, smem, st); break;
-    case 4: launch_pk<4, XF16>(P, smem, st); break;
-    case 5: launch_pk<5, XF16>(P, smem, st); break;
-    case 6: launch_pk<6, XF16>(P, smem, st); break;
-    case 8: launch_pk<8, XF16>(P, smem, st); break;
+    case 2: launch_pk<2, XF16>(P, st); break;
+    case 3: launch_pk<3, XF16>(P, st); break;
+    case 4: launch_pk<4, XF16>(P, st); break;
+    case 5: launch_pk<5, XF16>(P, st); break;
+    case 6: launch_pk<6, XF16>(P, st); break;
+    case 8: launch_pk<8, XF16>(P, st); break;
     default: KEEL_ASSERTF(false, "packed tile: bits %d", bits);
     }
 }
@@ -665,19 +668,12 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
     P.ydt_bf16 = ydt == KEEL_DT_BF16;
     P.epi = (int)epi;
     P.last = (long long)m * W->n - 1;
-    const int most = kPkXBytes / 2 / m / kSpan * kSpan;
     const int S = pk_splits(W->n, W->k);
     P.split = S > 1 ? S : 0;
-    size_t smem = 0; /* a split launch's chunk and shared memory: launch_pk (they depend on the walk) */
-    if (!P.split) {
-        P.xk = P.kp <= most ? P.kp : most;
-        smem = (size_t)m * P.xk * 2 + (size_t)m * (P.xk / W->group) * 4;
-    }
-    KEEL_ASSERT(smem <= KEEL_CUDA_PACKED_SMEM);
     if (xdt == KEEL_DT_F16)
-        launch_pk_bits<true>(W->bits, P, smem, (cudaStream_t)stream);
+        launch_pk_bits<true>(W->bits, P, (cudaStream_t)stream);
     else
-        launch_pk_bits<false>(W->bits, P, smem, (cudaStream_t)stream);
+        launch_pk_bits<false>(W->bits, P, (cudaStream_t)stream);
 }
 
 #if !defined(keel_cuda_stream_matmul_packed)
