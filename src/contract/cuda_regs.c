@@ -4,8 +4,8 @@
  *     {BF16,F16} x output {F32,BF16} x epilogue {none,relu2}; each serves m = 1..8 and is run at every m;
  *   keel_cuda_stream_matmul_rows (up to 256 rows in 8-row groups): every width, group 64, BF16 scales, both
  *     activations, both outputs, both epilogues, run at m = 1..20 (three groups, the last partial) on a split k;
- *   keel_cuda_stream_matmul_packed: width x group x scale dtype {BF16,F16} x activation {BF16,F16} x (F32 and BF16
- *     plain, F32 fused relu2), each held to the ring tile's bits (gate 4), on a packed copy of the case's matrix made
+ *   keel_cuda_stream_matmul_packed: width x group x BF16 scales x activation {BF16,F16} x (F32 and BF16 plain, F32
+ *     fused relu2), each held to the ring tile's bits (gate 4), on a packed copy of the case's matrix made
  *     once per case (packed_of), with shapes that walk k in quarters and halves (gates 1-3, their roundings in the bound);
  *     controls from its own twin (twin_cuda_packed.cu);
  *   keel_cuda_relu2: F32 and BF16;
@@ -323,55 +323,55 @@ int keel_contract_register_cuda(keel_contract_table *t) {
                         r->same_order = r->ydt == KEEL_DT_F32;
                     }
                 }
-    /* Packed tiles: every width and group, 16-bit scales, both activations; fp32 and bf16 plain, fp32 fused relu2.
+    /* Packed tiles: every width and group, BF16 scales (keel_cuda_pack refuses others), both activations; fp32 and
+     * bf16 plain, fp32 fused relu2.
      * Gate 4: equal bit for bit to the ring tile of the same variant (fused: the ring tile then relu2). */
     for (size_t bi = 0; bi < KEEL_ARRAY_LEN(BITS); bi++)
         for (size_t gi = 0; gi < KEEL_ARRAY_LEN(GROUPS); gi++)
-            for (size_t si = 0; si < 2; si++)
-                for (size_t xi = 0; xi < KEEL_ARRAY_LEN(XDTS); xi++)
-                    for (int e = 0; e < 3; e++) {
-                        const keel_epilogue epi = e == 1 ? KEEL_EPI_RELU2 : KEEL_EPI_NONE;
-                        const keel_dtype ydt = e == 2 ? KEEL_DT_BF16 : KEEL_DT_F32;
-                        const int G = GROUPS[gi];
-                        keel_contract_reg *r = keel_contract_table_add(t);
-                        r->be = &g_cuda;
-                        r->path = "mma";
-                        r->family = KEEL_CF_STREAM;
-                        r->bits = BITS[bi], r->group = G, r->sdt = SDTS[si], r->xdt = XDTS[xi], r->ydt = ydt;
-                        r->epi = epi;
-                        r->rows_min = 1;
-                        r->rows_max = KEEL_CUDA_STREAM_MAX_ROWS;
-                        r->tile_rows = 16; /* a warp's tile: 16 rows of W (the mma m side) */
-                        r->tile_cols = KEEL_CUDA_STREAM_MAX_ROWS;
-                        r->arith = KEEL_CA_MMA;
-                        r->available = packed_available;
-                        r->entry = "keel_cuda_stream_matmul_packed";
-                        r->launch = launch_packed;
-                        stream_name(r->name, sizeof r->name, "packed", r->bits, G, r->sdt, r->xdt, r->ydt, epi);
-                        r->splits = packed_splits;
-                        /* smallest; one group past a tile, odd n; k past whole spans; several tiles a warp and two
-                         * x-chunks at m = 8 (k 3200 > 3072); k in quarters (128 spans, two tiles a warp where the
-                         * width allows pairs) and in halves (66 spans) at m = 1 (whole x) and m = 8 (x-chunks,
-                         * several a part); the gate-4 shape (no k-split in the ring tile) */
-                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 1, .k = G, .m_lo = 1, .m_hi = 1};
-                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 17, .k = G, .m_lo = 1, .m_hi = 8};
-                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 300, .k = 3200, .m_lo = 7, .m_hi = 8};
-                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 16384, .m_lo = 1, .m_hi = 1};
-                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 16384, .m_lo = 8, .m_hi = 8};
-                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 8448, .m_lo = 1, .m_hi = 1};
-                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 8448, .m_lo = 8, .m_hi = 8};
-                        r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 67, .k = 3 * G, .m_lo = 1, .m_hi = 8};
-                        r->n_replaces = epi == KEEL_EPI_RELU2 ? 2 : 1;
-                        stream_name(r->replaces[0], sizeof r->replaces[0], "stream", r->bits, G, r->sdt, r->xdt,
-                                    r->ydt, KEEL_EPI_NONE);
-                        if (epi == KEEL_EPI_RELU2)
-                            snprintf(r->replaces[1], sizeof r->replaces[1], "cuda/elementwise/relu2/%s", dt_tag(ydt));
-                        r->same_order = true; /* fp32 relu2 of the same fp32 sums */
-                        add_control(r, "write-past-end", 2, pk_pastend);
-                        add_control(r, "bias-dropped", 3, pk_nobias);
-                        if (r->bits > 4) add_control(r, "width-as-4", 3, pk_width4);
-                        if (ydt == KEEL_DT_F32) add_control(r, "row-leak", 4, pk_rowleak);
-                    }
+            for (size_t xi = 0; xi < KEEL_ARRAY_LEN(XDTS); xi++)
+                for (int e = 0; e < 3; e++) {
+                    const keel_epilogue epi = e == 1 ? KEEL_EPI_RELU2 : KEEL_EPI_NONE;
+                    const keel_dtype ydt = e == 2 ? KEEL_DT_BF16 : KEEL_DT_F32;
+                    const int G = GROUPS[gi];
+                    keel_contract_reg *r = keel_contract_table_add(t);
+                    r->be = &g_cuda;
+                    r->path = "mma";
+                    r->family = KEEL_CF_STREAM;
+                    r->bits = BITS[bi], r->group = G, r->sdt = KEEL_DT_BF16, r->xdt = XDTS[xi], r->ydt = ydt;
+                    r->epi = epi;
+                    r->rows_min = 1;
+                    r->rows_max = KEEL_CUDA_STREAM_MAX_ROWS;
+                    r->tile_rows = 16; /* a warp's tile: 16 rows of W (the mma m side) */
+                    r->tile_cols = KEEL_CUDA_STREAM_MAX_ROWS;
+                    r->arith = KEEL_CA_MMA;
+                    r->available = packed_available;
+                    r->entry = "keel_cuda_stream_matmul_packed";
+                    r->launch = launch_packed;
+                    stream_name(r->name, sizeof r->name, "packed", r->bits, G, r->sdt, r->xdt, r->ydt, epi);
+                    r->splits = packed_splits;
+                    /* smallest; one group past a tile, odd n; k past whole spans; several tiles a warp and two
+                     * x-chunks at m = 8 (k 3200 > 3072); k in quarters (128 spans, two tiles a warp where the
+                     * width allows pairs) and in halves (66 spans) at m = 1 (whole x) and m = 8 (x-chunks,
+                     * several a part); the gate-4 shape (no k-split in the ring tile) */
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 1, .k = G, .m_lo = 1, .m_hi = 1};
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 17, .k = G, .m_lo = 1, .m_hi = 8};
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 300, .k = 3200, .m_lo = 7, .m_hi = 8};
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 16384, .m_lo = 1, .m_hi = 1};
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 16384, .m_lo = 8, .m_hi = 8};
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 8448, .m_lo = 1, .m_hi = 1};
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 33, .k = 8448, .m_lo = 8, .m_hi = 8};
+                    r->shapes[r->n_shapes++] = (keel_contract_shape){.n = 67, .k = 3 * G, .m_lo = 1, .m_hi = 8};
+                    r->n_replaces = epi == KEEL_EPI_RELU2 ? 2 : 1;
+                    stream_name(r->replaces[0], sizeof r->replaces[0], "stream", r->bits, G, r->sdt, r->xdt,
+                                r->ydt, KEEL_EPI_NONE);
+                    if (epi == KEEL_EPI_RELU2)
+                        snprintf(r->replaces[1], sizeof r->replaces[1], "cuda/elementwise/relu2/%s", dt_tag(ydt));
+                    r->same_order = true; /* fp32 relu2 of the same fp32 sums */
+                    add_control(r, "write-past-end", 2, pk_pastend);
+                    add_control(r, "bias-dropped", 3, pk_nobias);
+                    if (r->bits > 4) add_control(r, "width-as-4", 3, pk_width4);
+                    if (ydt == KEEL_DT_F32) add_control(r, "row-leak", 4, pk_rowleak);
+                }
     /* Routed tiles: BF16 scales (the scale load is the plain tile's code, covered above for every dtype). */
     for (size_t bi = 0; bi < KEEL_ARRAY_LEN(BITS); bi++)
         for (size_t gi = 0; gi < KEEL_ARRAY_LEN(GROUPS); gi++)

@@ -195,7 +195,7 @@ void keel_cuda_engine_set_route_window(keel_cuda_engine *e, bool on);
 void keel_cuda_engine_set_fused_norm(keel_cuda_engine *e, bool on);
 #define KEEL_CUDA_ENGINE_FUSED_NORM_DEFAULT 1
 /* Windows of at most 8 rows through the packed stream tile (default) or the ring tile alone, on the matrices init
- * packed once beside the ring layout: those where the packed tile gives the ring tile's bits (16-bit scales, neither
+ * packed once beside the ring layout: those where the packed tile gives the ring tile's bits (BF16 scales, neither
  * tile splitting k) and is faster, a row tile for every warp of a full grid (lm_head); the same bits either way.
  * keel_cuda_engine_pack_scope(KEEL_CUDA_ENGINE_PACK_ALL), before init, packs every such matrix whatever its size
  * (tests; small matrices are slower on it); keel_cuda_engine_packed_count: how many matrices have a packed copy. */

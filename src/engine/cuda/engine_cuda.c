@@ -216,11 +216,11 @@ void keel_cuda_engine_pack_scope(int scope) {
 /* Bytes rounded up to the 256-byte alignment every tensor of the weight allocation starts on. */
 static size_t al256(size_t b) { return (b + 255u) & ~(size_t)255u; }
 
-/* The bytes of m's packed copy where the packed tile computes it with the ring tile's bits (16-bit scales, a
+/* The bytes of m's packed copy where the packed tile computes it with the ring tile's bits (BF16 scales, a
  * packable shape, neither tile splitting k) and, unless the scope is every such matrix, faster: a row tile for every
  * warp of a full grid (16 warps an SM); else 0. */
 static size_t pk_eligible(const keel_qmat *m) {
-    const size_t b = m->w && (m->sdt == KEEL_DT_BF16 || m->sdt == KEEL_DT_F16)
+    const size_t b = m->w && m->sdt == KEEL_DT_BF16
                          ? keel_cuda_pack_bytes(m->n, m->k, m->bits, m->group) : 0;
     return b && keel_cuda_stream_splits(m->n, m->k, 0) == 1 && keel_cuda_packed_splits(m->n, m->k) == 1 &&
                    (g_pack_scope == KEEL_CUDA_ENGINE_PACK_ALL || (m->n + 15) / 16 >= 16 * keel_cuda_sm_count())

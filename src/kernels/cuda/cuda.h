@@ -151,9 +151,9 @@ typedef struct keel_cuda_pw {
      (j) % KEEL_CUDA_PACK_CHUNK(bits))
 /* Bytes the packed form of an (n, k) matrix takes; 0 for an invalid shape. Host code (pack.c), no device needed. */
 size_t keel_cuda_pack_bytes(int n, int k, int bits, int group);
-/* Writes the packed form of W (host memory, one matrix, BF16 or F16 scales) into dst (host, cap bytes), to be
- * uploaded 16-byte aligned and described by a keel_cuda_pw; false with the reason in why (nothing written) for F32
- * scales, a shape that does not pack, or a short destination. */
+/* Writes the packed form of W (host memory, one matrix, BF16 scales) into dst (host, cap bytes), to be uploaded
+ * 16-byte aligned and described by a keel_cuda_pw; false with the reason in why (nothing written) for F16 or F32
+ * scales (the ring tile takes those), a shape that does not pack, or a short destination. */
 bool keel_cuda_pack(const keel_qmat *W, void *dst, size_t cap, char *why, size_t why_cap);
 /* keel_cuda_pack of W (host memory) into a new device allocation described by out (owner: the caller, who frees
  * out->w with keel_cuda_free); false with the reason, nothing allocated, where keel_cuda_pack refuses. */

@@ -14,8 +14,9 @@ size_t keel_cuda_pack_bytes(int n, int k, int bits, int group) {
 
 bool keel_cuda_pack(const keel_qmat *W, void *dst, size_t cap, char *why, size_t why_cap) {
     KEEL_ASSERT(W && why);
-    if (W->sdt != KEEL_DT_BF16 && W->sdt != KEEL_DT_F16) {
-        snprintf(why, why_cap, "packed tile: scales and biases must be BF16 or F16, found %s", keel_dtype_name(W->sdt));
+    if (W->sdt != KEEL_DT_BF16) { /* one scale dtype halves the kernel's walks; F16 and F32 take the ring tile */
+        snprintf(why, why_cap, "packed tile: scales and biases must be BF16 (F16 and F32 take the ring tile), found %s",
+                 keel_dtype_name(W->sdt));
         return false;
     }
     const size_t need = keel_cuda_pack_bytes(W->n, W->k, W->bits, W->group);

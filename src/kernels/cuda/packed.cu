@@ -1,7 +1,7 @@
 /* Packed stream tiles: the stream tile's arithmetic on a matrix repacked once into mma fragment order.
  *
  * Shape of the work (docs/stream-tiles.md, "The packed tile", has the why):
- * - keel_cuda_pack (pack.c, on the host) rewrites an MLX affine matrix (16-bit scales) tile by tile: 16 rows (the mma m16 side),
+ * - keel_cuda_pack (pack.c, on the host) rewrites an MLX affine matrix (BF16 scales) tile by tile: 16 rows (the mma m16 side),
  *   then spans of 128 codes, each span a record of the 32 lanes' codes (lane (g, t): its bytes of rows g and g + 8
  *   of the span's four 32-code blocks, contiguous) followed by the rows' (scale, bias) halves. The same bytes as
  *   the source (k padded to whole spans with zeros), so one 16- or 8-byte load is a lane's fragment material.
@@ -72,7 +72,7 @@ __host__ __device__ __forceinline__ int pk_lg(int group) { return group == 32 ? 
 
 struct PParams {
     const uint8_t *w;       /* packed records */
-    int n, k, kp, group, bf;/* kp: k padded to whole spans; bf: scales are BF16 (else F16) */
+    int n, k, kp, group;    /* kp: k padded to whole spans */
     int ns, tiles;          /* spans per tile, tiles */
     int rec;                /* bytes of a span record */
     const uint16_t *x;
@@ -175,9 +175,6 @@ template <bool XF16> __device__ __forceinline__ void five_to_pairs(uint32_t lo, 
                            __byte_perm(bits_at(lo, hi, b + 10), bits_at(lo, hi, b + 14), 0x7610u), p);
 }
 
-template <bool SBF> __device__ __forceinline__ float half_to_f32(uint32_t h) {
-    return SBF ? kp_bf16_to_f32((uint16_t)h) : kp_f16_to_f32((uint16_t)h);
-}
 
 /* The operand words of block jb of a lane's span: items 2jb (pa) and 2jb + 1 (pb). */
 template <int B, bool XF16>
@@ -207,7 +204,7 @@ __device__ __forceinline__ void block_pairs(const Span<B> &S, int jb, uint32_t p
  * block and its group end, the tiles' chains interleaved. xb: x fragments of the span's first block for this
  * thread's x row (xsw: that row's pair swap); xsa/xsb: x sums of its columns' first group. ONE (m = 1): the odd
  * columns' group ends are left out. */
-template <int B, bool XF16, bool ONE, int LG, bool SBF, int T>
+template <int B, bool XF16, bool ONE, int LG, int T>
 __device__ __forceinline__ void span_body(const Span<B> *Sp, const uint4 *xb, int xsw, const float *xsa,
                                           const float *xsb, float (*accp)[4]) {
     float Sms[T][4];
@@ -235,8 +232,8 @@ __device__ __forceinline__ void span_body(const Span<B> *Sp, const uint4 *xb, in
             float *Sm = Sms[u], *acc = accp[u];
             /* (scale, bias) of rows g and g + 8: register indices constant for every group size */
             const uint32_t w0 = S.s[2 * gs], w1 = S.s[2 * gs + 1];
-            const float s0 = half_to_f32<SBF>(w0 & 0xffffu), b0v = half_to_f32<SBF>(w0 >> 16);
-            const float s1 = half_to_f32<SBF>(w1 & 0xffffu), b1v = half_to_f32<SBF>(w1 >> 16);
+            const float s0 = kp_bf16_to_f32(w0 & 0xffffu), b0v = kp_bf16_to_f32(w0 >> 16);
+            const float s1 = kp_bf16_to_f32(w1 & 0xffffu), b1v = kp_bf16_to_f32(w1 >> 16);
             const float xs0 = xsa[gs];
             if constexpr (kOffset<B, XF16> != 0.f) { /* the codes' offset out: one rounding (kOffset * xs is exact) */
                 Sm[0] = __fmaf_rn(-kOffset<B, XF16>, xs0, Sm[0]);
@@ -275,7 +272,7 @@ __device__ __forceinline__ void store_tile(const PParams &P, int tile, int lane,
  * a tile past the last one reads tile Tu and stores nothing), D spans of each tile in flight across unit
  * boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one unit,
  * a chunk of its k) leaves its sums in acc. */
-template <int B, bool XF16, bool ONE, int LG, bool SBF, int T>
+template <int B, bool XF16, bool ONE, int LG, int T>
 __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt, int s0, int s1, bool final,
                                      const uint4 *xf, const float *xs, int nblk, int ngc, int lane,
                                      float (*acc)[4]) {
@@ -327,7 +324,7 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
             {
 #endif
                 if (q + D - 1 < total) load(buf[(d + D - 1) % D]);
-                span_body<B, XF16, ONE, LG, SBF, T>(buf[d], xp, xsw, xsa, xsb, acc);
+                span_body<B, XF16, ONE, LG, T>(buf[d], xp, xsw, xsa, xsb, acc);
                 xp += 16, xsa += 4 >> LG, xsb += 4 >> LG; /* four blocks: 16 fragments, 4 / 2^LG groups */
                 if (--cleft == 0) {
                     cleft = nsp;
@@ -346,7 +343,7 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
     }
 }
 
-template <int B, bool XF16, bool ONE, int LG, bool SBF, int T>
+template <int B, bool XF16, bool ONE, int LG, int T>
 __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *xs) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nchunk = (P.kp + P.xk - 1) / P.xk, spc = P.xk / kSpan, units = (P.tiles + T - 1) / T;
@@ -367,7 +364,7 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
             __syncthreads();
             stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, xf, xs);
             __syncthreads();
-            walk<B, XF16, ONE, LG, SBF, T>(P, unit, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
+            walk<B, XF16, ONE, LG, T>(P, unit, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
                                         lenp / 32, lenp / P.group, lane, acc);
         }
     }
@@ -397,7 +394,7 @@ __device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int
  * - T = 1: warps slot and slot + 4 walk the first and the second half of tile base + slot through their halves'
  *   x-chunks, each half as S / 2 parts (at a part's start the sum so far goes to shared memory and the walk restarts
  *   from zero). */
-template <int B, bool XF16, bool ONE, int LG, bool SBF, int T>
+template <int B, bool XF16, bool ONE, int LG, int T>
 __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
     constexpr int R = T == 2 ? 4 : 2; /* x regions and warps a unit */
     /* parts a warp walks: 1, or 2 (quarters, T = 1); T = 2 walks one part through whole x (launcher) */
@@ -428,7 +425,7 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
 #pragma unroll
                         for (int v = 0; v < 4; v++) mine[u * 4 + v] = acc[u][v], acc[u][v] = 0.f;
                 }
-                walk<B, XF16, ONE, LG, SBF, T>(P, unit, 0, unit < units, a, e, false, smem + reg * xfn + (a - s0) * 16,
+                walk<B, XF16, ONE, LG, T>(P, unit, 0, unit < units, a, e, false, smem + reg * xfn + (a - s0) * 16,
                                                xs0 + reg * xsn + (a - s0) * gps, lenp / 32, lenp / P.group, lane, acc);
             }
         }
@@ -460,18 +457,17 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
     }
 }
 
-template <int B, bool XF16, bool ONE, bool SBF>
-__device__ __forceinline__ void run_lg(const PParams &P, int lg, uint4 *xf, float *xs) {
-    if (lg == 0) packed_run<B, XF16, ONE, 0, SBF, 1>(P, xf, xs);
-    else if (lg == 1 && KEEL_PK_PAIRS(B, ONE, 1) && P.pairs) packed_run<B, XF16, ONE, 1, SBF, 2>(P, xf, xs);
-    else if (lg == 1) packed_run<B, XF16, ONE, 1, SBF, 1>(P, xf, xs);
-    else if (KEEL_PK_PAIRS(B, ONE, 2) && P.pairs) packed_run<B, XF16, ONE, 2, SBF, 2>(P, xf, xs);
-    else packed_run<B, XF16, ONE, 2, SBF, 1>(P, xf, xs);
-}
 template <int B, bool XF16, bool ONE>
-__device__ __forceinline__ void run_sdt(const PParams &P, int lg, uint4 *xf, float *xs) {
-    if (P.bf) run_lg<B, XF16, ONE, true>(P, lg, xf, xs);
-    else run_lg<B, XF16, ONE, false>(P, lg, xf, xs);
+__device__ __forceinline__ void run_lg(const PParams &P, int lg, uint4 *xf, float *xs) {
+    /* one switch (an if-chain here left sm_90's 4-bit kernel 4-8 bytes of spills); the launcher sets P.pairs only
+     * where KEEL_PK_PAIRS(B, ONE, lg) holds, so lg 0 never pairs */
+    switch (lg + 3 * (P.pairs != 0)) {
+    case 0: packed_run<B, XF16, ONE, 0, 1>(P, xf, xs); break;
+    case 1: packed_run<B, XF16, ONE, 1, 1>(P, xf, xs); break;
+    case 2: packed_run<B, XF16, ONE, 2, 1>(P, xf, xs); break;
+    case 4: if (KEEL_PK_PAIRS(B, ONE, 1)) packed_run<B, XF16, ONE, 1, 2>(P, xf, xs); break;
+    default: if (KEEL_PK_PAIRS(B, ONE, 2)) packed_run<B, XF16, ONE, 2, 2>(P, xf, xs); break;
+    }
 }
 
 template <int B, bool XF16>
@@ -480,21 +476,21 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed(
     kp_grid_release();
     uint4 *xf = pk_smem;
     float *xs = (float *)(pk_smem + (size_t)P.m * P.xk / 8);
-    /* the group and the scale dtype at compile time: the group loop unrolls, one conversion a half */
+    /* the group at compile time: the group loop unrolls */
     const int lg = pk_lg(P.group);
     if (P.m == 1) /* one activation row (decode): the odd columns' group ends left out */
-        run_sdt<B, XF16, true>(P, lg, xf, xs);
+        run_lg<B, XF16, true>(P, lg, xf, xs);
     else
-        run_sdt<B, XF16, false>(P, lg, xf, xs);
+        run_lg<B, XF16, false>(P, lg, xf, xs);
 }
 
-template <int B, bool XF16, bool ONE, bool SBF>
+template <int B, bool XF16, bool ONE>
 __device__ __forceinline__ void split_lg(const PParams &P, int lg, uint4 *smem) {
-    if (lg == 0) packed_split<B, XF16, ONE, 0, SBF, 1>(P, smem);
-    else if (lg == 1 && ONE && KEEL_PK_PAIRS(B, ONE, 1) && P.pairs) packed_split<B, XF16, ONE, 1, SBF, 2>(P, smem);
-    else if (lg == 1) packed_split<B, XF16, ONE, 1, SBF, 1>(P, smem);
-    else if (ONE && KEEL_PK_PAIRS(B, ONE, 2) && P.pairs) packed_split<B, XF16, ONE, 2, SBF, 2>(P, smem);
-    else packed_split<B, XF16, ONE, 2, SBF, 1>(P, smem);
+    if (lg == 0) packed_split<B, XF16, ONE, 0, 1>(P, smem);
+    else if (lg == 1 && ONE && KEEL_PK_PAIRS(B, ONE, 1) && P.pairs) packed_split<B, XF16, ONE, 1, 2>(P, smem);
+    else if (lg == 1) packed_split<B, XF16, ONE, 1, 1>(P, smem);
+    else if (ONE && KEEL_PK_PAIRS(B, ONE, 2) && P.pairs) packed_split<B, XF16, ONE, 2, 2>(P, smem);
+    else packed_split<B, XF16, ONE, 2, 1>(P, smem);
 }
 
 /* The packed tile with k in halves (keel_cuda_packed_splits == 2): a kernel of its own, so the walks of the
@@ -504,13 +500,8 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed_
     extern __shared__ uint4 pk_smem[];
     kp_grid_release();
     const int lg = pk_lg(P.group);
-    if (P.m == 1) {
-        if (P.bf) split_lg<B, XF16, true, true>(P, lg, pk_smem);
-        else split_lg<B, XF16, true, false>(P, lg, pk_smem);
-    } else {
-        if (P.bf) split_lg<B, XF16, false, true>(P, lg, pk_smem);
-        else split_lg<B, XF16, false, false>(P, lg, pk_smem);
-    }
+    if (P.m == 1) split_lg<B, XF16, true>(P, lg, pk_smem);
+    else split_lg<B, XF16, false>(P, lg, pk_smem);
 }
 
 /* Shared memory of a launch staging R x regions (1 unsplit): R chunks of x, their sums and a split's parts' sums. */
@@ -647,6 +638,7 @@ extern "C" bool keel_cuda_pack_upload_qw(const keel_cuda_qw *W, keel_cuda_pw *ou
 extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void *x, keel_dtype xdt, int m, void *y,
                                                keel_dtype ydt, keel_epilogue epi, void *stream) {
     KEEL_ASSERT(W && W->w && x && y);
+    KEEL_ASSERTF(W->sdt == KEEL_DT_BF16, "packed tile: BF16 scales only (keel_cuda_pack refuses others)");
     KEEL_ASSERTF(((uintptr_t)W->w & 15u) == 0, "packed tile: the packed matrix must be 16-byte aligned");
     KEEL_ASSERTF(m >= 1 && m <= KEEL_CUDA_STREAM_MAX_ROWS, "packed tile: m %d (1..%d)", m, KEEL_CUDA_STREAM_MAX_ROWS);
     KEEL_ASSERT(xdt == KEEL_DT_BF16 || xdt == KEEL_DT_F16);
@@ -659,7 +651,6 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
     P.ns = (W->k + kSpan - 1) / kSpan;
     P.kp = P.ns * kSpan;
     P.group = W->group;
-    P.bf = W->sdt == KEEL_DT_BF16;
     P.tiles = (W->n + kPkRows - 1) / kPkRows;
     P.rec = KEEL_CUDA_PACK_REC(W->bits, W->group);
     P.x = (const uint16_t *)x;

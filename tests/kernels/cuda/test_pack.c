@@ -112,6 +112,10 @@ static void test_refusals(void **state) {
     memset(out, 0x5a, sizeof out);
     assert_false(keel_cuda_pack(&m, out, sizeof out, why, sizeof why));
     assert_non_null(strstr(why, "F32"));
+    m.sdt = KEEL_DT_F16; /* the ring tile takes F16 scales */
+    assert_false(keel_cuda_pack(&m, out, sizeof out, why, sizeof why));
+    assert_non_null(strstr(why, "must be BF16"));
+    assert_non_null(strstr(why, "found F16"));
     m.sdt = KEEL_DT_BF16;
     assert_false(keel_cuda_pack(&m, out, 100, why, sizeof why));
     assert_non_null(strstr(why, "needs 1152 bytes, has 100"));
