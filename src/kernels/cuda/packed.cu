@@ -175,7 +175,6 @@ template <bool XF16> __device__ __forceinline__ void five_to_pairs(uint32_t lo, 
                            __byte_perm(bits_at(lo, hi, b + 10), bits_at(lo, hi, b + 14), 0x7610u), p);
 }
 
-
 /* The operand words of block jb of a lane's span: items 2jb (pa) and 2jb + 1 (pb). */
 template <int B, bool XF16>
 __device__ __forceinline__ void block_pairs(const Span<B> &S, int jb, uint32_t pa[4], uint32_t pb[4]) {
@@ -365,7 +364,7 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
             stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, xf, xs);
             __syncthreads();
             walk<B, XF16, ONE, LG, T>(P, unit, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
-                                        lenp / 32, lenp / P.group, lane, acc);
+                                      lenp / 32, lenp / P.group, lane, acc);
         }
     }
 }
@@ -426,7 +425,7 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
                         for (int v = 0; v < 4; v++) mine[u * 4 + v] = acc[u][v], acc[u][v] = 0.f;
                 }
                 walk<B, XF16, ONE, LG, T>(P, unit, 0, unit < units, a, e, false, smem + reg * xfn + (a - s0) * 16,
-                                               xs0 + reg * xsn + (a - s0) * gps, lenp / 32, lenp / P.group, lane, acc);
+                                          xs0 + reg * xsn + (a - s0) * gps, lenp / 32, lenp / P.group, lane, acc);
             }
         }
         if (reg) {
