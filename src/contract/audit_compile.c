@@ -244,20 +244,12 @@ static void run_jobs(job *jobs, int n, int par, const char *src, const char *tmp
     }
 }
 
-/* How many `template <` a source holds: the audit's estimate of its compile time. */
-static int template_count(const char *path) {
-    char *text = NULL;
-    int n = 0;
-    if (keel_read_file(path, &text, NULL, NULL) == KEEL_OK)
-        for (const char *p = text; (p = strstr(p, "template <")); p++) n++;
-    free(text);
-    return n;
-}
-
-/* The kernel sources: every .cu with a __global__ under src/kernels/cuda and src/engine/cuda. */
+/* The kernel sources: every .cu with a __global__ under src/kernels/cuda and src/engine/cuda, the most `template <`
+ * first (instantiations dominate compile time; ties keep the directory order), so the longest compiles start first. */
 static int kernel_sources(const char *src, char (*out)[1024], int cap) {
     static const char *const dirs[] = {"src/kernels/cuda", "src/engine/cuda"};
-    int n = 0;
+    int n = 0, weight[64];
+    KEEL_ASSERT(cap <= 64);
     for (size_t d = 0; d < 2; d++) {
         char dir[1024];
         if (snprintf(dir, sizeof dir, "%s/%s", src, dirs[d]) >= (int)sizeof dir) continue;
@@ -269,9 +261,17 @@ static int kernel_sources(const char *src, char (*out)[1024], int cap) {
             char path[1024];
             bool fits = snprintf(path, sizeof path, "%s/%s", dir, nm) < (int)sizeof path;
             char *text = NULL;
-            if (fits && n < cap && l > 3 && !strcmp(nm + l - 3, ".cu") && keel_read_file(path, &text, NULL, NULL) == KEEL_OK &&
-                strstr(text, "__global__"))
-                memcpy(out[n++], path, sizeof path);
+            if (fits && n < cap && l > 3 && !strcmp(nm + l - 3, ".cu") &&
+                keel_read_file(path, &text, NULL, NULL) == KEEL_OK && strstr(text, "__global__")) {
+                int w = 0, at = n++;
+                for (const char *p = text; (p = strstr(p, "template <")); p++) w++;
+                for (; at > 0 && weight[at - 1] < w; at--) { /* insertion, stable */
+                    weight[at] = weight[at - 1];
+                    memcpy(out[at], out[at - 1], sizeof out[at]);
+                }
+                weight[at] = w;
+                memcpy(out[at], path, sizeof path);
+            }
             free(text);
             free(names[i]);
         }
@@ -391,23 +391,17 @@ keel_code keel_audit_run(const keel_audit_opts *o, FILE *out, int *problems, kee
     if (rc == KEEL_OK) {
         int n_jobs = n_src * n_chips, par = o->jobs > 0 ? o->jobs : (int)sysconf(_SC_NPROCESSORS_ONLN);
         jobs = keel_xcalloc((size_t)n_jobs, sizeof *jobs);
-        /* longest first, so no long compile starts last with the other cores idle: sources by their template count
-         * (instantiations dominate), each source's gfx chips (hipcc, slower) before its sm chips */
-        int *order = keel_xcalloc((size_t)n_src, sizeof *order), *weight = keel_xcalloc((size_t)n_src, sizeof *weight);
-        for (int s = 0; s < n_src; s++) order[s] = s, weight[s] = template_count(sources[s]);
-        for (int a = 1; a < n_src; a++) /* insertion sort, stable: ties keep the directory order */
-            for (int b = a; b > 0 && weight[order[b]] > weight[order[b - 1]]; b--) {
-                int t = order[b];
-                order[b] = order[b - 1], order[b - 1] = t;
-            }
+        /* longest first, so no long compile starts last with the other cores idle: sources as kernel_sources ordered
+         * them, each one's gfx chips (hipcc, slower) before its sm chips */
+        int next = 0;
         for (int s = 0; s < n_src; s++)
-            for (int c = 0; c < n_chips; c++) {
-                job *j = &jobs[s * n_chips + c];
-                memcpy(j->chip, chips[n_chips - 1 - c], sizeof j->chip);
-                snprintf(j->source, sizeof j->source, "%s", sources[order[s]]);
-            }
-        free(order);
-        free(weight);
+            for (int nv = 0; nv < 2; nv++)
+                for (int c = 0; c < n_chips; c++) {
+                    if (is_nv(chips[c]) != (nv == 1)) continue;
+                    job *j = &jobs[next++];
+                    memcpy(j->chip, chips[c], sizeof j->chip);
+                    snprintf(j->source, sizeof j->source, "%s", sources[s]);
+                }
         run_jobs(jobs, n_jobs, par < 1 ? 1 : par, src, tmp);
         for (int i = 0; i < n_jobs; i++) {
             char *text = NULL;

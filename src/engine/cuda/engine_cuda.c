@@ -220,7 +220,7 @@ static size_t al256(size_t b) { return (b + 255u) & ~(size_t)255u; }
  * packable shape, neither tile splitting k) and, unless the scope is every such matrix, faster: a row tile for every
  * warp of a full grid (16 warps an SM); else 0. */
 static size_t pk_eligible(const keel_qmat *m) {
-    const size_t b = m->w && m->sdt == KEEL_DT_BF16
+    const size_t b = m->w && keel_cuda_pack_scales_ok(m->sdt)
                          ? keel_cuda_pack_bytes(m->n, m->k, m->bits, m->group) : 0;
     return b && keel_cuda_stream_splits(m->n, m->k, 0) == 1 && keel_cuda_packed_splits(m->n, m->k) == 1 &&
                    (g_pack_scope == KEEL_CUDA_ENGINE_PACK_ALL || (m->n + 15) / 16 >= 16 * keel_cuda_sm_count())

@@ -151,6 +151,8 @@ typedef struct keel_cuda_pw {
      (j) % KEEL_CUDA_PACK_CHUNK(bits))
 /* Bytes the packed form of an (n, k) matrix takes; 0 for an invalid shape. Host code (pack.c), no device needed. */
 size_t keel_cuda_pack_bytes(int n, int k, int bits, int group);
+/* Whether the packed tile takes scales and biases of this dtype (BF16 only; the ring tile takes every one). */
+bool keel_cuda_pack_scales_ok(keel_dtype sdt);
 /* Writes the packed form of W (host memory, one matrix, BF16 scales) into dst (host, cap bytes), to be uploaded
  * 16-byte aligned and described by a keel_cuda_pw; false with the reason in why (nothing written) for F16 or F32
  * scales (the ring tile takes those), a shape that does not pack, or a short destination. */

@@ -12,9 +12,12 @@ size_t keel_cuda_pack_bytes(int n, int k, int bits, int group) {
     return tiles * spans * (size_t)KEEL_CUDA_PACK_REC(bits, group);
 }
 
+/* One scale dtype halves the kernel's walks; F16 and F32 take the ring tile. */
+bool keel_cuda_pack_scales_ok(keel_dtype sdt) { return sdt == KEEL_DT_BF16; }
+
 bool keel_cuda_pack(const keel_qmat *W, void *dst, size_t cap, char *why, size_t why_cap) {
     KEEL_ASSERT(W && why);
-    if (W->sdt != KEEL_DT_BF16) { /* one scale dtype halves the kernel's walks; F16 and F32 take the ring tile */
+    if (!keel_cuda_pack_scales_ok(W->sdt)) {
         snprintf(why, why_cap, "packed tile: scales and biases must be BF16 (F16 and F32 take the ring tile), found %s",
                  keel_dtype_name(W->sdt));
         return false;

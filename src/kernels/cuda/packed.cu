@@ -637,7 +637,7 @@ extern "C" bool keel_cuda_pack_upload_qw(const keel_cuda_qw *W, keel_cuda_pw *ou
 extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void *x, keel_dtype xdt, int m, void *y,
                                                keel_dtype ydt, keel_epilogue epi, void *stream) {
     KEEL_ASSERT(W && W->w && x && y);
-    KEEL_ASSERTF(W->sdt == KEEL_DT_BF16, "packed tile: BF16 scales only (keel_cuda_pack refuses others)");
+    KEEL_ASSERTF(keel_cuda_pack_scales_ok(W->sdt), "packed tile: BF16 scales only (keel_cuda_pack refuses others)");
     KEEL_ASSERTF(((uintptr_t)W->w & 15u) == 0, "packed tile: the packed matrix must be 16-byte aligned");
     KEEL_ASSERTF(m >= 1 && m <= KEEL_CUDA_STREAM_MAX_ROWS, "packed tile: m %d (1..%d)", m, KEEL_CUDA_STREAM_MAX_ROWS);
     KEEL_ASSERT(xdt == KEEL_DT_BF16 || xdt == KEEL_DT_F16);
