@@ -274,6 +274,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     const char *only = NULL; /* comma-separated shape names (also "experts", "rows"); NULL: all */
     unsigned bits_mask = 0;  /* bit b: width b only; 0: all */
     std::vector<std::pair<int, int>> dims; /* --dims: (n, k) shapes run instead of the named ones */
+    std::vector<int> xbudgets = {0}; /* --xbudget: the packed rows at each x budget (bytes; 0: the default) */
     int tune_l2 = -1, tune_st = -1, prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, pdl = 0,
         split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
     for (int a = 1; a < argc; a++) {
@@ -320,9 +321,21 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
             keel_cuda_stream_split_long(!strcmp(argv[++a], "on"));
         } else if (!strcmp(argv[a], "--tune") && a + 1 < argc && sscanf(argv[a + 1], "%d,%d", &tune_l2, &tune_st) == 2) {
             a++;
+        } else if (!strcmp(argv[a], "--xbudget") && a + 1 < argc) {
+            xbudgets.clear();
+            for (const char *c = argv[++a]; *c;) {
+                char *end;
+                long v = strtol(c, &end, 10);
+                if (end == c || v < 1 || v > 1024 || (*end && (*end != ',' || !end[1]))) {
+                    fprintf(stderr, "keel bench stream: --xbudget '%s': expected a comma list of KiB (e.g. 48,96)\n", argv[a]);
+                    return 2;
+                }
+                xbudgets.push_back((int)v * 1024);
+                c = *end ? end + 1 : end;
+            }
         } else {
             fprintf(stderr, "keel bench stream: unknown option '%s' (expected --quick, --sweep, --sweep-only, "
-                            "--tune L2BLOCK,STAGES, --packed on|off, --prefetch S, --pdl, --split-target Q, --split-long on|off, --split-round up|down, --shapes A,B, --dims N:K,N:K, --bits B,B)\n", argv[a]);
+                            "--tune L2BLOCK,STAGES, --packed on|off, --prefetch S, --pdl, --split-target Q, --split-long on|off, --split-round up|down, --shapes A,B, --dims N:K,N:K, --bits B,B, --xbudget KIB,KIB)\n", argv[a]);
             return 2;
         }
     }
@@ -330,6 +343,13 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         fprintf(stderr, "keel bench stream: --tune %d,%d out of range (0..1, 2..8)\n", tune_l2, tune_st);
         return 2;
     }
+    for (int xb : xbudgets)
+        if (keel_cuda_device_count() > 0 && !keel_cuda_packed_xbudget(xb)) {
+            fprintf(stderr, "keel bench stream: --xbudget %d KiB: the packed tile takes %d KiB up to what one block of "
+                            "this device may use, in whole KiB\n", xb / 1024, KEEL_CUDA_PACKED_XBYTES_MIN / 1024);
+            return 2;
+        }
+    keel_cuda_packed_xbudget(0);
     if (!keel_cuda_stream_prefetch(prefetch)) {
         fprintf(stderr, "keel bench stream: --prefetch %d out of range (0..64 stages)\n", prefetch);
         return 2;
@@ -475,15 +495,35 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
                     keel_cuda_download(b.data(), y, b.size() * 4);
                     size_t diff = 0;
                     for (size_t i = 0; i < a.size(); i++) diff += memcmp(&a[i], &b[i], 4) != 0;
-                    double pus = median_us(reps, [&](int i) {
-                        keel_cuda_stream_matmul_packed(&P.pw[i % copies], x, KEEL_DT_BF16, m, y, KEEL_DT_F32,
-                                                       KEEL_EPI_NONE, NULL);
-                    });
-                    char nm[40];
-                    snprintf(nm, sizeof nm, "%s/packed", s.name);
-                    row(nm, bits, group, m, pus, bytes, blas[mi]);
-                    printf("  packed vs ring tile: %.2fx the time; %zu of %zu outputs differ in bits (k-split: ring tile %d, packed %d)\n",
-                           pus / us, diff, a.size(), keel_cuda_stream_splits(s.n, s.k, 0), keel_cuda_packed_splits(s.n, s.k));
+                    for (int xb : xbudgets) {
+                        keel_cuda_packed_xbudget(xb);
+                        /* the budget schedules, never sums: its bits must be the default budget's */
+                        size_t xdiff = 0;
+                        if (xb) {
+                            keel_cuda_stream_matmul_packed(&P.pw[0], x, KEEL_DT_BF16, m, y, KEEL_DT_F32, KEEL_EPI_NONE,
+                                                           NULL);
+                            keel_cuda_download(a.data(), y, a.size() * 4);
+                            for (size_t i = 0; i < a.size(); i++) xdiff += memcmp(&a[i], &b[i], 4) != 0;
+                        }
+                        double pus = median_us(reps, [&](int i) {
+                            keel_cuda_stream_matmul_packed(&P.pw[i % copies], x, KEEL_DT_BF16, m, y, KEEL_DT_F32,
+                                                           KEEL_EPI_NONE, NULL);
+                        });
+                        char nm[48];
+                        if (xb)
+                            snprintf(nm, sizeof nm, "%s/packed@%dK", s.name, xb / 1024);
+                        else
+                            snprintf(nm, sizeof nm, "%s/packed", s.name);
+                        row(nm, bits, group, m, pus, bytes, blas[mi]);
+                        if (xb)
+                            printf("  packed at an x budget of %d KiB: %.2fx the ring tile's time; %zu of %zu outputs "
+                                   "differ in bits from the default budget's\n", xb / 1024, pus / us, xdiff, a.size());
+                        else
+                            printf("  packed vs ring tile: %.2fx the time; %zu of %zu outputs differ in bits (k-split: "
+                                   "ring tile %d, packed %d)\n", pus / us, diff, a.size(),
+                                   keel_cuda_stream_splits(s.n, s.k, 0), keel_cuda_packed_splits(s.n, s.k));
+                    }
+                    keel_cuda_packed_xbudget(0);
                 }
             }
         }

@@ -136,7 +136,16 @@ typedef struct keel_cuda_pw {
 /* Shared memory of a packed launch: x fragments (at most KEEL_CUDA_PACKED_XBYTES; longer k goes in chunks) and
  * their per-group sums (group 32 at most); the kernels' attribute is set to the largest. */
 #define KEEL_CUDA_PACKED_XBYTES 49152
-#define KEEL_CUDA_PACKED_SMEM (KEEL_CUDA_PACKED_XBYTES + KEEL_CUDA_PACKED_XBYTES / 2 / 32 * 4)
+#define KEEL_CUDA_PACKED_SMEM_FOR(xbytes) ((xbytes) + (xbytes) / 2 / 32 * 4)
+#define KEEL_CUDA_PACKED_SMEM KEEL_CUDA_PACKED_SMEM_FOR(KEEL_CUDA_PACKED_XBYTES)
+/* Benchmark knob (scheduling only, never the bits: x-chunks split the walk, not its sums' order): the x fragments a
+ * packed launch may stage, in bytes, a multiple of 1024 from KEEL_CUDA_PACKED_XBYTES_MIN up to what the device lets
+ * one block have (KEEL_CUDA_PACKED_SMEM_FOR of it); 0 restores KEEL_CUDA_PACKED_XBYTES, which the engine and the
+ * gate-5 records use. False, and nothing changed, outside that range. A process-wide setting, like the ring's knobs. */
+#define KEEL_CUDA_PACKED_XBYTES_MIN 16384
+bool keel_cuda_packed_xbudget(int bytes);
+/* The budget packed launches use now (bytes). */
+int keel_cuda_packed_xbudget_now(void);
 /* The layout: tiles of KEEL_CUDA_PACK_ROWS rows, each a run of spans of KEEL_CUDA_PACK_SPAN codes (k padded with
  * zeros), each span a record of KEEL_CUDA_PACK_REC bytes: the 32 lanes' codes (lane 4g + t: 8 items of `bits` bytes,
  * item 2b + h the bytes of codes 8t..8t+7 of block b of row g + 8h; the lane's byte j at KEEL_CUDA_PACK_AT, in

@@ -43,7 +43,6 @@ constexpr int kPkWarps = 8;
 constexpr int kPkThreads = kPkWarps * 32;
 constexpr int kSpan = KEEL_CUDA_PACK_SPAN;  /* codes of a span: four 32-code blocks */
 constexpr int kPkRows = KEEL_CUDA_PACK_ROWS; /* rows of a tile (the mma m16 side) */
-constexpr int kPkXBytes = KEEL_CUDA_PACKED_XBYTES; /* x fragments a block stages at most (longer k: chunks) */
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
 #define KEEL_PK_MIN_BLOCKS 1
 #else
@@ -100,6 +99,7 @@ int pk_splits(int n, int k) {
 }
 
 thread_local int pk_last_walk; /* KEEL_CUDA_PK_WALK_* of this host thread's last launch */
+int pk_xbytes = KEEL_CUDA_PACKED_XBYTES; /* x fragments a block stages at most (longer k: chunks); keel_cuda_packed_xbudget */
 
 
 /* Item i (block i / 2, row g + 8 (i % 2)) of a lane's span codes as the ring tile's thread bytes (LSB first);
@@ -511,7 +511,7 @@ static size_t pk_smem_bytes(const PParams &P, int R) {
 
 /* Picks the launch's walk (x-chunk, tile pairs, k-split layout) and grid, then launches. */
 template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
-    static bool attr[2] = {false, false};
+    static size_t attr[2] = {0, 0}; /* the kernels' dynamic shared memory attribute as last set */
     /* blocks an SM by kernel and shared memory (it depends on m, the chunk and the group), the last kPkOcc seen */
     enum { kPkOcc = 16 };
     static struct { size_t smem; int split, bps; } occ[kPkOcc];
@@ -522,9 +522,10 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
 #else
     const void *fn = (const void *)stream_packed<B, XF16>;
 #endif
-    if (!attr[sp]) {
-        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, KEEL_CUDA_PACKED_SMEM));
-        attr[sp] = true;
+    const size_t cap = KEEL_CUDA_PACKED_SMEM_FOR(pk_xbytes);
+    if (attr[sp] != cap) {
+        KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap));
+        attr[sp] = cap;
     }
     static int arch_pairs = -1; /* the image this device runs has the pair walks */
     if (arch_pairs < 0) {
@@ -538,21 +539,21 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
     }
     const bool can = arch_pairs && KEEL_PK_PAIRS(B, P.m == 1, pk_lg(P.group));
     PParams Q = P;
-    const int most = kPkXBytes / 2 / P.m / kSpan * kSpan; /* codes of x a block stages at most */
+    const int most = pk_xbytes / 2 / P.m / kSpan * kSpan; /* codes of x a block stages at most */
     if (!P.split) {
         Q.xk = P.kp <= most ? P.kp : most;
     } else {
         /* quarters at m = 1 with whole x, where the width has pairs: four regions, two tiles a warp; else two
          * regions (halves) of x-chunks as long as shared memory allows */
         Q.xk = P.kp / 4;
-        Q.pairs = can && P.split == 4 && P.m == 1 && Q.xk <= most / 4 && pk_smem_bytes(Q, 4) <= KEEL_CUDA_PACKED_SMEM;
+        Q.pairs = can && P.split == 4 && P.m == 1 && Q.xk <= most / 4 && pk_smem_bytes(Q, 4) <= cap;
         if (!Q.pairs) {
             Q.xk = P.kp / 2 <= most / 2 ? P.kp / 2 : most / 2 / kSpan * kSpan;
-            while (pk_smem_bytes(Q, 2) > KEEL_CUDA_PACKED_SMEM) Q.xk -= kSpan;
+            while (pk_smem_bytes(Q, 2) > cap) Q.xk -= kSpan;
         }
     }
     const size_t smem = pk_smem_bytes(Q, !P.split ? 1 : Q.pairs ? 4 : 2);
-    KEEL_ASSERT(Q.xk >= kSpan && smem <= KEEL_CUDA_PACKED_SMEM);
+    KEEL_ASSERT(Q.xk >= kSpan && smem <= cap);
     int bps = 0;
     for (int i = 0; i < nocc && i < kPkOcc; i++)
         if (occ[i].smem == smem && occ[i].split == sp) bps = occ[i].bps;
@@ -670,6 +671,22 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
 extern "C" int keel_cuda_packed_splits(int n, int k) { return pk_splits(n, k); }
 
 extern "C" int keel_cuda_packed_last_walk(void) { return pk_last_walk; }
+
+extern "C" bool keel_cuda_packed_xbudget(int bytes) {
+    if (bytes == 0 || bytes == KEEL_CUDA_PACKED_XBYTES) { /* the default: every device takes it */
+        pk_xbytes = KEEL_CUDA_PACKED_XBYTES;
+        return true;
+    }
+    if (bytes < KEEL_CUDA_PACKED_XBYTES_MIN || bytes % 1024) return false;
+    int dev = 0, optin = 0;
+    KEEL_CUDA_CHECK(cudaGetDevice(&dev));
+    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (KEEL_CUDA_PACKED_SMEM_FOR((size_t)bytes) > (size_t)optin) return false;
+    pk_xbytes = bytes;
+    return true;
+}
+
+extern "C" int keel_cuda_packed_xbudget_now(void) { return pk_xbytes; }
 
 extern "C" const void *keel_cuda_packed_kernel_fn(const char *symbol) {
 /* one row per (width, f16 activations) instance of kernel K, named as the audit names it */

@@ -1,6 +1,6 @@
 /* CUDA packed stream tiles: every width, group, 16-bit scale dtype and activation dtype against the float64
  * reference; bit for bit against the ring tile (keel_cuda_stream_matmul) wherever neither splits k; row
- * independence, repeated launches, fused relu^2, the chunked long-k path, k in halves (the layout itself: test_pack.c). Skips (77) with a
+ * independence, repeated launches, fused relu^2, the chunked long-k path, k in halves, the x budget's bits (the layout itself: test_pack.c). Skips (77) with a
  * reason when the build has no CUDA or the machine has no GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -313,6 +313,47 @@ static void test_split_parts(void **state) {
     assert_int_equal(keel_cuda_packed_splits(45, 16640), 2);    /* 130 spans: even, not a multiple of 4 */
 }
 
+/* The x budget chunks x differently and never moves a bit: the chunked long-k path (m = 8, two chunks at the default)
+ * and a k split in four (m = 8 halves of x-chunks; m = 1 whole x) at the smallest budget, the default and the largest
+ * this device allows; bad budgets are refused and change nothing. */
+static void test_xbudget_bits(void **state) {
+    (void)state;
+    assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBYTES);
+    assert_false(keel_cuda_packed_xbudget(KEEL_CUDA_PACKED_XBYTES_MIN - 1024));
+    assert_false(keel_cuda_packed_xbudget(KEEL_CUDA_PACKED_XBYTES + 1));
+    assert_false(keel_cuda_packed_xbudget(1 << 30));
+    assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBYTES);
+    int most = KEEL_CUDA_PACKED_XBYTES;
+    while (keel_cuda_packed_xbudget(most + 1024)) most += 1024;
+    assert_true(keel_cuda_packed_xbudget(0));
+    const int budgets[] = {KEEL_CUDA_PACKED_XBYTES_MIN, most};
+    const struct { int n, k, bits, m; } cases[] = {{333, 4160, 3, 8}, {45, 16320, 4, 8}, {61, 16384, 5, 1}};
+    for (size_t c = 0; c < KEEL_ARRAY_LEN(cases); c++) {
+        qm q;
+        qm_make(&q, cases[c].n, cases[c].k, cases[c].bits, 64, KEEL_DT_BF16);
+        keel_cuda_pw pw = pack(&q);
+        void *dx;
+        uint16_t *x = make_x(cases[c].m, cases[c].k, KEEL_DT_BF16, &dx);
+        float *y0 = run_packed(&pw, dx, KEEL_DT_BF16, cases[c].m, KEEL_DT_F32, KEEL_EPI_NONE);
+        check_y(&q, x, KEEL_DT_BF16, cases[c].m, KEEL_DT_F32, KEEL_EPI_NONE, y0);
+        for (size_t b = 0; b < KEEL_ARRAY_LEN(budgets); b++) {
+            assert_true(keel_cuda_packed_xbudget(budgets[b]));
+            float *yb = run_packed(&pw, dx, KEEL_DT_BF16, cases[c].m, KEEL_DT_F32, KEEL_EPI_NONE);
+            if (memcmp(yb, y0, (size_t)cases[c].m * cases[c].n * 4))
+                fail_msg("n %d k %d bits %d m %d: an x budget of %d bytes changed the bits of the default's (%d)",
+                         cases[c].n, cases[c].k, cases[c].bits, cases[c].m, budgets[b], KEEL_CUDA_PACKED_XBYTES);
+            free(yb);
+        }
+        assert_true(keel_cuda_packed_xbudget(0));
+        free(y0), free(x);
+        keel_cuda_free(dx);
+        keel_cuda_free((void *)pw.w);
+        qm_free(&q);
+    }
+    printf("x budgets %d, %d (default) and %d bytes give the same bits\n", KEEL_CUDA_PACKED_XBYTES_MIN,
+           KEEL_CUDA_PACKED_XBYTES, most);
+}
+
 static void test_kernel_fn(void **state) {
     (void)state;
     char sym[48];
@@ -335,6 +376,7 @@ int main(void) {
         cmocka_unit_test(test_large_equal),
         cmocka_unit_test(test_tile_pairs_equal),
         cmocka_unit_test(test_split_parts),
+        cmocka_unit_test(test_xbudget_bits),
         cmocka_unit_test(test_kernel_fn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
