@@ -324,13 +324,14 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         } else if (!strcmp(argv[a], "--xbudget") && a + 1 < argc) {
             xbudgets.clear();
             for (const char *c = argv[++a]; *c;) {
-                char *end;
-                long v = strtol(c, &end, 10);
-                if (end == c || v < 1 || v > 1024 || (*end && (*end != ',' || !end[1]))) {
-                    fprintf(stderr, "keel bench stream: --xbudget '%s': expected a comma list of KiB (e.g. 48,96)\n", argv[a]);
+                char *end = (char *)c + 4;
+                long v = strncmp(c, "auto", 4) ? strtol(c, &end, 10) : KEEL_CUDA_PACKED_XBUDGET_AUTO;
+                if (end == c || v == 0 || v < -1 || v > 1024 || (*end && (*end != ',' || !end[1]))) {
+                    fprintf(stderr, "keel bench stream: --xbudget '%s': expected a comma list of KiB or auto (e.g. "
+                                    "48,96,auto)\n", argv[a]);
                     return 2;
                 }
-                xbudgets.push_back((int)v * 1024);
+                xbudgets.push_back(v < 0 ? (int)v : (int)v * 1024);
                 c = *end ? end + 1 : end;
             }
         } else {
@@ -510,14 +511,17 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
                                                            KEEL_EPI_NONE, NULL);
                         });
                         char nm[48];
-                        if (xb)
+                        if (xb < 0)
+                            snprintf(nm, sizeof nm, "%s/packed@auto", s.name);
+                        else if (xb)
                             snprintf(nm, sizeof nm, "%s/packed@%dK", s.name, xb / 1024);
                         else
                             snprintf(nm, sizeof nm, "%s/packed", s.name);
                         row(nm, bits, group, m, pus, bytes, blas[mi]);
                         if (xb)
-                            printf("  packed at an x budget of %d KiB: %.2fx the ring tile's time; %zu of %zu outputs "
-                                   "differ in bits from the default budget's\n", xb / 1024, pus / us, xdiff, a.size());
+                            printf("  packed at an x budget of %s: %.2fx the ring tile's time; %zu of %zu outputs "
+                                   "differ in bits from the default budget's\n", nm + strlen(s.name) + 8, pus / us,
+                                   xdiff, a.size());
                         else
                             printf("  packed vs ring tile: %.2fx the time; %zu of %zu outputs differ in bits (k-split: "
                                    "ring tile %d, packed %d)\n", pus / us, diff, a.size(),

@@ -140,11 +140,13 @@ typedef struct keel_cuda_pw {
 #define KEEL_CUDA_PACKED_SMEM KEEL_CUDA_PACKED_SMEM_FOR(KEEL_CUDA_PACKED_XBYTES)
 /* Benchmark knob (scheduling only, never the bits: x-chunks split the walk, not its sums' order): the x fragments a
  * packed launch may stage, in bytes, a multiple of 1024 from KEEL_CUDA_PACKED_XBYTES_MIN up to what the device lets
- * one block have (KEEL_CUDA_PACKED_SMEM_FOR of it); 0 restores KEEL_CUDA_PACKED_XBYTES, which the engine and the
- * gate-5 records use. False, and nothing changed, outside that range. A process-wide setting, like the ring's knobs. */
+ * one block have (KEEL_CUDA_PACKED_SMEM_FOR of it); KEEL_CUDA_PACKED_XBUDGET_AUTO: per kernel, the largest that keeps
+ * the blocks an SM the default gives it; 0 restores KEEL_CUDA_PACKED_XBYTES, which the engine and the gate-5 records
+ * use. False, and nothing changed, outside that range. A process-wide setting, like the ring's knobs. */
 #define KEEL_CUDA_PACKED_XBYTES_MIN 16384
+#define KEEL_CUDA_PACKED_XBUDGET_AUTO (-1)
 bool keel_cuda_packed_xbudget(int bytes);
-/* The budget packed launches use now (bytes). */
+/* The budget packed launches use now (bytes, or KEEL_CUDA_PACKED_XBUDGET_AUTO). */
 int keel_cuda_packed_xbudget_now(void);
 /* The layout: tiles of KEEL_CUDA_PACK_ROWS rows, each a run of spans of KEEL_CUDA_PACK_SPAN codes (k padded with
  * zeros), each span a record of KEEL_CUDA_PACK_REC bytes: the 32 lanes' codes (lane 4g + t: 8 items of `bits` bytes,

@@ -509,6 +509,29 @@ static size_t pk_smem_bytes(const PParams &P, int R) {
     return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * (P.xk / P.group) * 4) + psum;
 }
 
+/* The auto x budget of kernel fn: the largest (in KiB) whose launches keep the blocks an SM the default's give it. */
+static int pk_auto_xbytes(const void *fn) {
+    static struct { const void *fn; int xb; } memo[32];
+    static int nmemo = 0;
+    for (int i = 0; i < nmemo; i++)
+        if (memo[i].fn == fn) return memo[i].xb;
+    int dev = 0, optin = 0, want = 0, xb = KEEL_CUDA_PACKED_XBYTES;
+    KEEL_CUDA_CHECK(cudaGetDevice(&dev));
+    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&want, fn, kPkThreads, KEEL_CUDA_PACKED_SMEM));
+    for (int b = xb + 1024; KEEL_CUDA_PACKED_SMEM_FOR((size_t)b) <= (size_t)optin; b += 1024) {
+        int got = 0;
+        KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, fn, kPkThreads,
+                                                                      KEEL_CUDA_PACKED_SMEM_FOR((size_t)b)));
+        if (got < want) break;
+        xb = b;
+    }
+    KEEL_ASSERT(nmemo < 32);
+    memo[nmemo].fn = fn, memo[nmemo].xb = xb, nmemo++;
+    return xb;
+}
+
 /* Picks the launch's walk (x-chunk, tile pairs, k-split layout) and grid, then launches. */
 template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
     static size_t attr[2] = {0, 0}; /* the kernels' dynamic shared memory attribute as last set */
@@ -522,7 +545,8 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
 #else
     const void *fn = (const void *)stream_packed<B, XF16>;
 #endif
-    const size_t cap = KEEL_CUDA_PACKED_SMEM_FOR(pk_xbytes);
+    const int xbytes = pk_xbytes > 0 ? pk_xbytes : pk_auto_xbytes(fn);
+    const size_t cap = KEEL_CUDA_PACKED_SMEM_FOR((size_t)xbytes);
     if (attr[sp] != cap) {
         KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap));
         attr[sp] = cap;
@@ -539,7 +563,7 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
     }
     const bool can = arch_pairs && KEEL_PK_PAIRS(B, P.m == 1, pk_lg(P.group));
     PParams Q = P;
-    const int most = pk_xbytes / 2 / P.m / kSpan * kSpan; /* codes of x a block stages at most */
+    const int most = xbytes / 2 / P.m / kSpan * kSpan; /* codes of x a block stages at most */
     if (!P.split) {
         Q.xk = P.kp <= most ? P.kp : most;
     } else {
@@ -675,6 +699,10 @@ extern "C" int keel_cuda_packed_last_walk(void) { return pk_last_walk; }
 extern "C" bool keel_cuda_packed_xbudget(int bytes) {
     if (bytes == 0 || bytes == KEEL_CUDA_PACKED_XBYTES) { /* the default: every device takes it */
         pk_xbytes = KEEL_CUDA_PACKED_XBYTES;
+        return true;
+    }
+    if (bytes == KEEL_CUDA_PACKED_XBUDGET_AUTO) {
+        pk_xbytes = bytes;
         return true;
     }
     if (bytes < KEEL_CUDA_PACKED_XBYTES_MIN || bytes % 1024) return false;

@@ -30,9 +30,11 @@ expect_error(["nope"], r"unknown benchmark 'nope'")
 # stream refuses a bad option (or, built without CUDA, says so); it runs for real where there is a GPU.
 expect_error(["stream", "--frobnicate"], r"keel bench stream: (unknown option '--frobnicate'|this keel was built without CUDA)")
 expect_error(["stream", "--xbudget", "48x"],
-             r"keel bench stream: (--xbudget '48x': expected a comma list of KiB|this keel was built without CUDA)")
+             r"keel bench stream: (--xbudget '48x': expected a comma list of KiB or auto|this keel was built without CUDA)")
+expect_error(["stream", "--xbudget", "autox"],
+             r"keel bench stream: (--xbudget 'autox': expected a comma list of KiB or auto|this keel was built without CUDA)")
 expect_error(["stream", "--xbudget", "48,,96"],
-             r"keel bench stream: (--xbudget '48,,96': expected a comma list of KiB|this keel was built without CUDA)")
+             r"keel bench stream: (--xbudget '48,,96': expected a comma list of KiB or auto|this keel was built without CUDA)")
 # decode without a model says so.
 expect_error(["decode"], r"keel bench decode: no MODEL_DIR given")
 expect_error(["cpu", "--threads", "0"], r"--threads expects an integer in 1\.\.4096, found '0'")

@@ -314,8 +314,8 @@ static void test_split_parts(void **state) {
 }
 
 /* The x budget chunks x differently and never moves a bit: the chunked long-k path (m = 8, two chunks at the default)
- * and a k split in four (m = 8 halves of x-chunks; m = 1 whole x) at the smallest budget, the default and the largest
- * this device allows; bad budgets are refused and change nothing. */
+ * and a k split in four (m = 8 halves of x-chunks; m = 1 whole x) at the smallest budget, the default, the largest
+ * this device allows and auto; bad budgets are refused and change nothing. */
 static void test_xbudget_bits(void **state) {
     (void)state;
     assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBYTES);
@@ -326,7 +326,7 @@ static void test_xbudget_bits(void **state) {
     int most = KEEL_CUDA_PACKED_XBYTES;
     while (keel_cuda_packed_xbudget(most + 1024)) most += 1024;
     assert_true(keel_cuda_packed_xbudget(0));
-    const int budgets[] = {KEEL_CUDA_PACKED_XBYTES_MIN, most};
+    const int budgets[] = {KEEL_CUDA_PACKED_XBYTES_MIN, most, KEEL_CUDA_PACKED_XBUDGET_AUTO};
     const struct { int n, k, bits, m; } cases[] = {{333, 4160, 3, 8}, {45, 16320, 4, 8}, {61, 16384, 5, 1}};
     for (size_t c = 0; c < KEEL_ARRAY_LEN(cases); c++) {
         qm q;
@@ -350,7 +350,10 @@ static void test_xbudget_bits(void **state) {
         keel_cuda_free((void *)pw.w);
         qm_free(&q);
     }
-    printf("x budgets %d, %d (default) and %d bytes give the same bits\n", KEEL_CUDA_PACKED_XBYTES_MIN,
+    assert_true(keel_cuda_packed_xbudget(KEEL_CUDA_PACKED_XBUDGET_AUTO));
+    assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBUDGET_AUTO);
+    assert_true(keel_cuda_packed_xbudget(0));
+    printf("x budgets %d, %d (default), %d bytes and auto give the same bits\n", KEEL_CUDA_PACKED_XBYTES_MIN,
            KEEL_CUDA_PACKED_XBYTES, most);
 }
 
