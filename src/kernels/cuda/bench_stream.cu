@@ -274,7 +274,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     const char *only = NULL; /* comma-separated shape names (also "experts", "rows"); NULL: all */
     unsigned bits_mask = 0;  /* bit b: width b only; 0: all */
     std::vector<std::pair<int, int>> dims; /* --dims: (n, k) shapes run instead of the named ones */
-    std::vector<int> xbudgets = {0}; /* --xbudget: the packed rows at each x budget (bytes; 0: the default) */
+    std::vector<int> xbudgets = {0}; /* the packed rows at the default budget (0), then at each --xbudget (bytes) */
     int tune_l2 = -1, tune_st = -1, prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, pdl = 0,
         split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
     for (int a = 1; a < argc; a++) {
@@ -322,7 +322,6 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         } else if (!strcmp(argv[a], "--tune") && a + 1 < argc && sscanf(argv[a + 1], "%d,%d", &tune_l2, &tune_st) == 2) {
             a++;
         } else if (!strcmp(argv[a], "--xbudget") && a + 1 < argc) {
-            xbudgets.clear();
             for (const char *c = argv[++a]; *c;) {
                 char *end = (char *)c + 4;
                 long v = strncmp(c, "auto", 4) ? strtol(c, &end, 10) : KEEL_CUDA_PACKED_XBUDGET_AUTO;

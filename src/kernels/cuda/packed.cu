@@ -99,7 +99,7 @@ int pk_splits(int n, int k) {
 }
 
 thread_local int pk_last_walk; /* KEEL_CUDA_PK_WALK_* of this host thread's last launch */
-int pk_xbytes = KEEL_CUDA_PACKED_XBYTES; /* x fragments a block stages at most (longer k: chunks); keel_cuda_packed_xbudget */
+int pk_xbytes = KEEL_CUDA_PACKED_XBUDGET_AUTO; /* x a block stages at most (longer k: chunks); keel_cuda_packed_xbudget */
 
 
 /* Item i (block i / 2, row g + 8 (i % 2)) of a lane's span codes as the ring tile's thread bytes (LSB first);
@@ -697,11 +697,11 @@ extern "C" int keel_cuda_packed_splits(int n, int k) { return pk_splits(n, k); }
 extern "C" int keel_cuda_packed_last_walk(void) { return pk_last_walk; }
 
 extern "C" bool keel_cuda_packed_xbudget(int bytes) {
-    if (bytes == 0 || bytes == KEEL_CUDA_PACKED_XBYTES) { /* the default: every device takes it */
-        pk_xbytes = KEEL_CUDA_PACKED_XBYTES;
+    if (bytes == 0 || bytes == KEEL_CUDA_PACKED_XBUDGET_AUTO) { /* the default */
+        pk_xbytes = KEEL_CUDA_PACKED_XBUDGET_AUTO;
         return true;
     }
-    if (bytes == KEEL_CUDA_PACKED_XBUDGET_AUTO) {
+    if (bytes == KEEL_CUDA_PACKED_XBYTES) { /* every device takes it */
         pk_xbytes = bytes;
         return true;
     }

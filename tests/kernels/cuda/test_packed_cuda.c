@@ -313,20 +313,21 @@ static void test_split_parts(void **state) {
     assert_int_equal(keel_cuda_packed_splits(45, 16640), 2);    /* 130 spans: even, not a multiple of 4 */
 }
 
-/* The x budget chunks x differently and never moves a bit: the chunked long-k path (m = 8, two chunks at the default)
- * and a k split in four (m = 8 halves of x-chunks; m = 1 whole x) at the smallest budget, the default, the largest
- * this device allows and auto; bad budgets are refused and change nothing. */
+/* The x budget chunks x differently and never moves a bit: the chunked long-k path (m = 8, several chunks at small
+ * budgets) and a k split in four (m = 8 halves of x-chunks; m = 1 whole x) at the smallest budget, 48 KB, the largest
+ * this device allows, against the default (auto); bad budgets are refused and change nothing. */
 static void test_xbudget_bits(void **state) {
     (void)state;
-    assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBYTES);
+    assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBUDGET_AUTO);
     assert_false(keel_cuda_packed_xbudget(KEEL_CUDA_PACKED_XBYTES_MIN - 1024));
     assert_false(keel_cuda_packed_xbudget(KEEL_CUDA_PACKED_XBYTES + 1));
     assert_false(keel_cuda_packed_xbudget(1 << 30));
-    assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBYTES);
+    assert_false(keel_cuda_packed_xbudget(-2));
+    assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBUDGET_AUTO);
     int most = KEEL_CUDA_PACKED_XBYTES;
     while (keel_cuda_packed_xbudget(most + 1024)) most += 1024;
     assert_true(keel_cuda_packed_xbudget(0));
-    const int budgets[] = {KEEL_CUDA_PACKED_XBYTES_MIN, most, KEEL_CUDA_PACKED_XBUDGET_AUTO};
+    const int budgets[] = {KEEL_CUDA_PACKED_XBYTES_MIN, KEEL_CUDA_PACKED_XBYTES, most};
     const struct { int n, k, bits, m; } cases[] = {{333, 4160, 3, 8}, {45, 16320, 4, 8}, {61, 16384, 5, 1}};
     for (size_t c = 0; c < KEEL_ARRAY_LEN(cases); c++) {
         qm q;
@@ -340,8 +341,8 @@ static void test_xbudget_bits(void **state) {
             assert_true(keel_cuda_packed_xbudget(budgets[b]));
             float *yb = run_packed(&pw, dx, KEEL_DT_BF16, cases[c].m, KEEL_DT_F32, KEEL_EPI_NONE);
             if (memcmp(yb, y0, (size_t)cases[c].m * cases[c].n * 4))
-                fail_msg("n %d k %d bits %d m %d: an x budget of %d bytes changed the bits of the default's (%d)",
-                         cases[c].n, cases[c].k, cases[c].bits, cases[c].m, budgets[b], KEEL_CUDA_PACKED_XBYTES);
+                fail_msg("n %d k %d bits %d m %d: an x budget of %d bytes changed the bits of the default's (auto)",
+                         cases[c].n, cases[c].k, cases[c].bits, cases[c].m, budgets[b]);
             free(yb);
         }
         assert_true(keel_cuda_packed_xbudget(0));
@@ -350,10 +351,11 @@ static void test_xbudget_bits(void **state) {
         keel_cuda_free((void *)pw.w);
         qm_free(&q);
     }
-    assert_true(keel_cuda_packed_xbudget(KEEL_CUDA_PACKED_XBUDGET_AUTO));
-    assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBUDGET_AUTO);
+    assert_true(keel_cuda_packed_xbudget(KEEL_CUDA_PACKED_XBYTES));
+    assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBYTES);
     assert_true(keel_cuda_packed_xbudget(0));
-    printf("x budgets %d, %d (default), %d bytes and auto give the same bits\n", KEEL_CUDA_PACKED_XBYTES_MIN,
+    assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBUDGET_AUTO);
+    printf("x budgets auto (default), %d, %d and %d bytes give the same bits\n", KEEL_CUDA_PACKED_XBYTES_MIN,
            KEEL_CUDA_PACKED_XBYTES, most);
 }
 
