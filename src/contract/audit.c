@@ -199,7 +199,7 @@ static const keel_audit_kernel kernels[] = {
     KA_STREAM(5, false, 65536, 2, 1), KA_STREAM(6, false, 65536, 2, 1), KA_STREAM(8, false, 65536, 2, 1),
     KA_STREAM(2, true, 65536, 2, 1),  KA_STREAM(3, true, 65536, 2, 1),  KA_STREAM(4, true, 65536, 2, 1),
     KA_STREAM(5, true, 65536, 2, 1),  KA_STREAM(6, true, 65536, 2, 1),  KA_STREAM(8, true, 65536, 2, 1),
-#define KA_PACKED(K, B, X) {K "<" #B "," #X ">", "src/kernels/cuda/packed.cu", 256, KEEL_CUDA_PACKED_SMEM, 2, 1, false}
+#define KA_PACKED(K, B, X) {K "<" #B "," #X ">", "src/kernels/cuda/packed.cu", 256, KEEL_AUDIT_DSMEM_XBUDGET, 2, 1, false}
 #define KA_PACKED_ALL(K)                                                                                           \
     KA_PACKED(K, 2, false), KA_PACKED(K, 3, false), KA_PACKED(K, 4, false), KA_PACKED(K, 5, false),                \
         KA_PACKED(K, 6, false), KA_PACKED(K, 8, false), KA_PACKED(K, 2, true), KA_PACKED(K, 3, true),              \
@@ -388,6 +388,26 @@ static int nv_blocks_by_regs(long long regs, int block) {
     return (int)(warps / wpb);
 }
 
+/* Blocks per SM of a launch of per_block shared bytes (static + dynamic): registers and shared memory (+1 KiB reserved
+ * a block); 0 where one block does not fit. */
+static int nv_blocks(const nv_chip *nv, long long regs, int block, long long per_block) {
+    if (per_block > nv->smem_block) return 0;
+    const long long by_smem = nv->smem_sm / (per_block + 1024);
+    const int by_regs = nv_blocks_by_regs(regs, block);
+    return by_smem < by_regs ? (int)by_smem : by_regs;
+}
+
+int keel_audit_dsmem(const keel_audit_kernel *k, const char *chip, long long regs, long long smem) {
+    if (k->dsmem != KEEL_AUDIT_DSMEM_XBUDGET) return k->dsmem;
+    const nv_chip *nv = nv_find(chip);
+    if (!nv) return KEEL_CUDA_PACKED_SMEM; /* HIP: the default budget (packed.cu's pk_auto_xbytes) */
+    const long long st = smem > 0 ? smem : 0;
+    const int want = nv_blocks(nv, regs, k->block, st + KEEL_CUDA_PACKED_SMEM);
+    int xb = KEEL_CUDA_PACKED_XBYTES;
+    while (want > 0 && nv_blocks(nv, regs, k->block, st + KEEL_CUDA_PACKED_SMEM_FOR(xb + 1024)) >= want) xb += 1024;
+    return KEEL_CUDA_PACKED_SMEM_FOR(xb);
+}
+
 int keel_audit_limits(const keel_audit_record *rec, const keel_audit_kernel *k, const keel_audit_findings *f,
                       FILE *out) {
     int problems = 0;
@@ -424,9 +444,10 @@ int keel_audit_limits(const keel_audit_record *rec, const keel_audit_kernel *k, 
                     c, kn, regs, k->block, by_regs, min_blocks);
             problems++;
         }
-        long long per_block = (smem > 0 ? smem : 0) + k->dsmem;
+        const int dsmem = keel_audit_dsmem(k, c, regs, smem);
+        long long per_block = (smem > 0 ? smem : 0) + dsmem;
         if (per_block > nv->smem_block) {
-            fprintf(out, "LIMIT %s %s smem: %lld static + %d dynamic bytes, above %d a block\n", c, kn, smem, k->dsmem,
+            fprintf(out, "LIMIT %s %s smem: %lld static + %d dynamic bytes, above %d a block\n", c, kn, smem, dsmem,
                     nv->smem_block);
             problems++;
         } else if ((per_block + 1024) * min_blocks > nv->smem_sm) {
@@ -442,9 +463,10 @@ int keel_audit_limits(const keel_audit_record *rec, const keel_audit_kernel *k, 
                     occ, vgprs, k->min_blocks);
             problems++;
         }
-        if ((lds > 0 ? lds : 0) + k->dsmem > 65536) {
+        const int dsmem = keel_audit_dsmem(k, c, vgprs, lds);
+        if ((lds > 0 ? lds : 0) + dsmem > 65536) {
             fprintf(out, "LIMIT %s %s lds: %lld static + %d dynamic bytes, above 65536 a workgroup\n", c, kn, lds,
-                    k->dsmem);
+                    dsmem);
             problems++;
         }
     }

@@ -66,6 +66,12 @@ typedef struct keel_audit_kernel {
     bool control;        /* a planted gate-5 twin: audited only when its source is named with --source */
 } keel_audit_kernel;
 
+/* keel_audit_kernel.dsmem of a launch whose dynamic shared memory grows with the chip: the packed tiles' x budget */
+#define KEEL_AUDIT_DSMEM_XBUDGET (-1)
+/* The dynamic shared memory kernel k's launches set on `chip`, compiled to `regs` registers and `smem` static bytes:
+ * k->dsmem, or for KEEL_AUDIT_DSMEM_XBUDGET what the packed tiles' auto x budget sets there (keel_cuda_packed_xbudget:
+ * the largest KiB step keeping the blocks an SM that KEEL_CUDA_PACKED_XBYTES gives; KEEL_CUDA_PACKED_SMEM off NVIDIA). */
+int keel_audit_dsmem(const keel_audit_kernel *k, const char *chip, long long regs, long long smem);
 const keel_audit_kernel *keel_audit_kernels(int *n);
 const keel_audit_kernel *keel_audit_kernel_find(const char *symbol);
 /* The kernel symbols one registered CUDA launch runs, from its family (keel_contract_family: 0 stream, 2 relu2),

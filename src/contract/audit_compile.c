@@ -449,7 +449,8 @@ keel_code keel_audit_run(const keel_audit_opts *o, FILE *out, int *problems, kee
             n_kernels++;
             if (k) {
                 keel_audit_record_set(g, "block", k->block);
-                keel_audit_record_set(g, "dsmem", k->dsmem);
+                keel_audit_record_set(g, "dsmem", keel_audit_dsmem(k, chip, keel_audit_record_get(g, "regs"),
+                                                                   keel_audit_record_get(g, "smem")));
             }
             if (o->print_records) print_record(out, g);
             *problems += keel_audit_limits(g, k, &finds, lim);

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "contract/audit.h"
+#include "kernels/cuda/cuda.h"
 #include "format/format.h"
 #include "common/testkit.h"
 
@@ -120,10 +121,30 @@ static void test_repo_findings_match_records(void **st) {
         const keel_audit_kernel *k = keel_audit_kernel_find(r.items[i].kernel);
         if (!k) fail_msg("%s %s: no launch declaration", r.items[i].chip, r.items[i].kernel);
         assert_int_equal(keel_audit_record_get(&r.items[i], "block"), k->block);
-        assert_int_equal(keel_audit_record_get(&r.items[i], "dsmem"), k->dsmem);
+        assert_int_equal(keel_audit_record_get(&r.items[i], "dsmem"),
+                         keel_audit_dsmem(k, r.items[i].chip, keel_audit_record_get(&r.items[i], "regs"),
+                                          keel_audit_record_get(&r.items[i], "smem")));
     }
     keel_audit_records_free(&r);
     keel_audit_findings_free(&f);
+}
+
+/* The packed tiles' dynamic shared memory follows the chip: the largest KiB step of x budget keeping the blocks an SM
+ * that 48 KB gives (hand-computed here), the default budget's off NVIDIA; a fixed declaration is itself. */
+static void test_dsmem_xbudget(void **st) {
+    (void)st;
+    keel_audit_kernel k = {"k", "x.cu", 256, KEEL_AUDIT_DSMEM_XBUDGET, 2, 1, false};
+    /* 128 regs x 256 threads: 2 blocks; 2 x (cap + 1024) <= 233472 -> cap <= 115712 -> 106 KiB, cap 115328 */
+    assert_int_equal(keel_audit_dsmem(&k, "sm_90", 128, 0), 106 * 1024 + 106 * 1024 / 16);
+    /* sm_80: 2 x (cap + 1024) <= 167936 -> cap <= 82944 -> 76 KiB */
+    assert_int_equal(keel_audit_dsmem(&k, "sm_80", 128, 0), 76 * 1024 + 76 * 1024 / 16);
+    /* 152 regs: 1 block by registers on sm_86, so one block's most: cap <= 101376 -> 93 KiB */
+    assert_int_equal(keel_audit_dsmem(&k, "sm_86", 152, 0), 93 * 1024 + 93 * 1024 / 16);
+    /* 64 regs: 4 blocks by registers, 48 KB gives 4 on sm_90: 4 x (cap + 1024) <= 233472 -> cap <= 57344 -> 52 KiB */
+    assert_int_equal(keel_audit_dsmem(&k, "sm_90", 64, 0), 52 * 1024 + 52 * 1024 / 16);
+    assert_int_equal(keel_audit_dsmem(&k, "gfx1030", 128, 0), KEEL_CUDA_PACKED_SMEM);
+    k.dsmem = 4096;
+    assert_int_equal(keel_audit_dsmem(&k, "sm_90", 128, 0), 4096);
 }
 
 /* The check itself goes red both ways on crafted lists. */
@@ -355,6 +376,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_records_parse),        cmocka_unit_test(test_records_errors),
         cmocka_unit_test(test_findings_parse),       cmocka_unit_test(test_repo_findings_match_records),
+        cmocka_unit_test(test_dsmem_xbudget),
         cmocka_unit_test(test_findings_check_both_ways), cmocka_unit_test(test_limits_and_compare),
         cmocka_unit_test(test_live_compare),         cmocka_unit_test(test_symbols_for),
         cmocka_unit_test(test_live_check),           cmocka_unit_test(test_live_symbols),

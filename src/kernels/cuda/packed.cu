@@ -511,6 +511,10 @@ static size_t pk_smem_bytes(const PParams &P, int R) {
 
 /* The auto x budget of kernel fn: the largest (in KiB) whose launches keep the blocks an SM the default's give it. */
 static int pk_auto_xbytes(const void *fn) {
+#if defined(__HIPCC__)
+    (void)fn;
+    return KEEL_CUDA_PACKED_XBYTES; /* no AMD card has measured a larger one (the audit's gfx records say so too) */
+#else
     static struct { const void *fn; int xb; } memo[32];
     static int nmemo = 0;
     for (int i = 0; i < nmemo; i++)
@@ -530,6 +534,7 @@ static int pk_auto_xbytes(const void *fn) {
     KEEL_ASSERT(nmemo < 32);
     memo[nmemo].fn = fn, memo[nmemo].xb = xb, nmemo++;
     return xb;
+#endif
 }
 
 /* Picks the launch's walk (x-chunk, tile pairs, k-split layout) and grid, then launches. */
