@@ -141,9 +141,9 @@ typedef struct keel_cuda_pw {
 /* The x budget (scheduling only, never the bits: x-chunks split the walk, not its sums' order): the x fragments a
  * packed launch may stage, in bytes, a multiple of 1024 from KEEL_CUDA_PACKED_XBYTES_MIN up to what the device lets
  * one block have (KEEL_CUDA_PACKED_SMEM_FOR of it), or KEEL_CUDA_PACKED_XBUDGET_AUTO, the default (0 restores it):
- * per kernel, the largest that keeps the blocks an SM that KEEL_CUDA_PACKED_XBYTES (what every device takes, and
- * what the gate-5 records' shared memory is) gives it. False, and nothing changed, outside that range. A
- * process-wide setting, like the ring's knobs; a benchmark's and a test's, not the engine's. */
+ * per kernel, the largest that keeps the blocks an SM that KEEL_CUDA_PACKED_XBYTES (what every device takes) gives
+ * it, which the gate-5 records' dsmem follows (keel_audit_dsmem). False, and nothing changed, outside that range. A
+ * process-wide setting, like the ring's knobs. */
 #define KEEL_CUDA_PACKED_XBYTES_MIN 16384
 #define KEEL_CUDA_PACKED_XBUDGET_AUTO (-1)
 bool keel_cuda_packed_xbudget(int bytes);

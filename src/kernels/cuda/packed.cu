@@ -509,30 +509,32 @@ static size_t pk_smem_bytes(const PParams &P, int R) {
     return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * (P.xk / P.group) * 4) + psum;
 }
 
-/* The auto x budget of kernel fn: the largest (in KiB) whose launches keep the blocks an SM the default's give it. */
+/* The most shared memory one block of the current device may have (opt-in), in bytes. */
+static size_t pk_block_smem_max(void) {
+    int dev = 0, optin = 0;
+    KEEL_CUDA_CHECK(cudaGetDevice(&dev));
+    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return (size_t)optin;
+}
+
+/* The auto x budget of kernel fn: the largest (KiB steps) whose launches keep the blocks an SM that
+ * KEEL_CUDA_PACKED_XBYTES gives it. Leaves fn's dynamic shared-memory attribute at the device's most. */
 static int pk_auto_xbytes(const void *fn) {
 #if defined(__HIPCC__)
     (void)fn;
     return KEEL_CUDA_PACKED_XBYTES; /* no AMD card has measured a larger one (the audit's gfx records say so too) */
 #else
-    static struct { const void *fn; int xb; } memo[32];
-    static int nmemo = 0;
-    for (int i = 0; i < nmemo; i++)
-        if (memo[i].fn == fn) return memo[i].xb;
-    int dev = 0, optin = 0, want = 0, xb = KEEL_CUDA_PACKED_XBYTES;
-    KEEL_CUDA_CHECK(cudaGetDevice(&dev));
-    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    const size_t most = pk_block_smem_max();
+    int want = 0, xb = KEEL_CUDA_PACKED_XBYTES;
+    KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&want, fn, kPkThreads, KEEL_CUDA_PACKED_SMEM));
-    for (int b = xb + 1024; KEEL_CUDA_PACKED_SMEM_FOR((size_t)b) <= (size_t)optin; b += 1024) {
+    for (int b = xb + 1024; KEEL_CUDA_PACKED_SMEM_FOR((size_t)b) <= most; b += 1024) {
         int got = 0;
         KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, fn, kPkThreads,
                                                                       KEEL_CUDA_PACKED_SMEM_FOR((size_t)b)));
         if (got < want) break;
         xb = b;
     }
-    KEEL_ASSERT(nmemo < 32);
-    memo[nmemo].fn = fn, memo[nmemo].xb = xb, nmemo++;
     return xb;
 #endif
 }
@@ -550,7 +552,12 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
 #else
     const void *fn = (const void *)stream_packed<B, XF16>;
 #endif
-    const int xbytes = pk_xbytes > 0 ? pk_xbytes : pk_auto_xbytes(fn);
+    static int auto_xb[2] = {0, 0}; /* each kernel's auto budget, found on its first auto launch */
+    if (pk_xbytes < 0 && !auto_xb[sp]) {
+        auto_xb[sp] = pk_auto_xbytes(fn);
+        attr[sp] = 0; /* the search moved the attribute */
+    }
+    const int xbytes = pk_xbytes > 0 ? pk_xbytes : auto_xb[sp];
     const size_t cap = KEEL_CUDA_PACKED_SMEM_FOR((size_t)xbytes);
     if (attr[sp] != cap) {
         KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap));
@@ -706,15 +713,8 @@ extern "C" bool keel_cuda_packed_xbudget(int bytes) {
         pk_xbytes = KEEL_CUDA_PACKED_XBUDGET_AUTO;
         return true;
     }
-    if (bytes == KEEL_CUDA_PACKED_XBYTES) { /* every device takes it */
-        pk_xbytes = bytes;
-        return true;
-    }
     if (bytes < KEEL_CUDA_PACKED_XBYTES_MIN || bytes % 1024) return false;
-    int dev = 0, optin = 0;
-    KEEL_CUDA_CHECK(cudaGetDevice(&dev));
-    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (KEEL_CUDA_PACKED_SMEM_FOR((size_t)bytes) > (size_t)optin) return false;
+    if (KEEL_CUDA_PACKED_SMEM_FOR((size_t)bytes) > pk_block_smem_max()) return false;
     pk_xbytes = bytes;
     return true;
 }
