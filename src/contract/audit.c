@@ -204,7 +204,7 @@ static const keel_audit_kernel kernels[] = {
     KA_PACKED(K, 2, false), KA_PACKED(K, 3, false), KA_PACKED(K, 4, false), KA_PACKED(K, 5, false),                \
         KA_PACKED(K, 6, false), KA_PACKED(K, 8, false), KA_PACKED(K, 2, true), KA_PACKED(K, 3, true),              \
         KA_PACKED(K, 4, true), KA_PACKED(K, 5, true), KA_PACKED(K, 6, true), KA_PACKED(K, 8, true)
-    KA_PACKED_ALL("stream_packed"), KA_PACKED_ALL("stream_packed_split"),
+    KA_PACKED_ALL("stream_packed"), KA_PACKED_ALL("stream_packed_split"), KA_PACKED_ALL("stream_packed_parts"),
 #undef KA_PACKED_ALL
 #undef KA_PACKED
     {"stream_finish", "src/kernels/cuda/stream.cu", 256, 0, 1, 0, false},

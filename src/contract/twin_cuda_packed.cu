@@ -37,7 +37,12 @@ extern "C" void keel_contract_cuda_twin_packed_arm(int fault) {
 }
 
 extern "C" bool keel_contract_cuda_packed_probe(int bits, int xf16, char *why, size_t cap) {
-    char sym[48];
-    snprintf(sym, sizeof sym, "stream_packed<%d,%s>", bits, xf16 ? "true" : "false");
-    return twin_probe(keel_cuda_packed_kernel_fn(sym), sym, kPkThreads, (size_t)KEEL_CUDA_PACKED_SMEM, why, cap);
+    static const char *const kernels[] = {"stream_packed", "stream_packed_split", "stream_packed_parts"};
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) { /* unsplit, k in parts at m = 1 and at m > 1 */
+        char sym[48];
+        snprintf(sym, sizeof sym, "%s<%d,%s>", kernels[i], bits, xf16 ? "true" : "false");
+        if (!twin_probe(keel_cuda_packed_kernel_fn(sym), sym, kPkThreads, (size_t)KEEL_CUDA_PACKED_SMEM, why, cap))
+            return false;
+    }
+    return true;
 }

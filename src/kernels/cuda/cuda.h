@@ -123,6 +123,10 @@ unsigned keel_cuda_stream_scratch_epoch(void);
  * stream `owner` (a cudaStream_t; it launches nothing), after its work is done, before the stream is destroyed.
  * Nothing happens for a stream that has none. */
 void keel_cuda_stream_scratch_release(void *owner);
+/* That scratch of `stream`, grown to at least part_bytes of partials and `counters` arrival counters (zero between
+ * launches; a launch that counts to its total sets the counter back to zero): for the packed tile's k parts. Growing
+ * synchronizes the device and moves keel_cuda_stream_scratch_epoch, so not while a graph is being captured. */
+void keel_cuda_stream_scratch_get(void *stream, size_t part_bytes, size_t counters, float **part, unsigned **cnt);
 
 /* ---- packed stream tiles (src/kernels/cuda/packed.cu): the stream tile's arithmetic on a matrix repacked once
  * into mma fragment order (docs/stream-tiles.md, "The packed tile"). A launch equals keel_cuda_stream_matmul on the
@@ -182,9 +186,11 @@ void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void *x, keel_d
  * with a count of 128 spans or more that divides by 4), else 1; the parts add in order (((first + second) + third)
  * + fourth). A function of the shape and the chip's SM count, never of m. */
 int keel_cuda_packed_splits(int n, int k);
-/* How this host thread's last packed launch walked (for tests): two tiles a warp, and/or k in parts. */
+/* How this host thread's last packed launch walked (for tests): two tiles a warp, and/or k in parts, with the parts
+ * on blocks of their own (m > 1: each block stages its part of x alone; the parts' sums meet in the stream's scratch). */
 #define KEEL_CUDA_PK_WALK_PAIRS 1
 #define KEEL_CUDA_PK_WALK_SPLIT 2
+#define KEEL_CUDA_PK_WALK_PARTS 4
 int keel_cuda_packed_last_walk(void);
 /* The packed tiles' kernels by audit symbol ("stream_packed<4,false>"); NULL if unknown. */
 const void *keel_cuda_packed_kernel_fn(const char *symbol);

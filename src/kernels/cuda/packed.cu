@@ -82,6 +82,8 @@ struct PParams {
     int xk;                 /* codes of an x-chunk (a multiple of kSpan; kp when the whole k fits) */
     int pairs;              /* a warp walks two tiles side by side (units of two tiles) */
     int split;              /* k in parts (pk_splits: 2 or 4, else 0; layouts: packed_split); xk: a region's chunk */
+    float *part;            /* (tiles, split, 32 lanes, 4) the parts' sums when parts run on blocks of their own */
+    unsigned *cnt;          /* (tiles) parts arrived, zero between launches */
 };
 
 #ifndef KEEL_PK_SPLIT_KERNEL /* the k-in-parts kernel is built (the contract twin leaves it out) */
@@ -267,11 +269,47 @@ __device__ __forceinline__ void store_tile(const PParams &P, int tile, int lane,
     }
 }
 
+/* Leaves this block's part (blockIdx.x mod split, split 2 or 4) of a finished tile's sums in the launch's scratch
+ * (parts_meet adds them). */
+__device__ __forceinline__ void part_put(const PParams &P, int tile, int lane, const float acc[4]) {
+    if (tile >= P.tiles) return; /* a unit's second tile past the last one */
+    float *mine = P.part + ((size_t)tile * P.split + (blockIdx.x & (P.split - 1))) * 128 + lane * 4;
+    *(float4 *)mine = make_float4(acc[0], acc[1], acc[2], acc[3]);
+}
+
+/* After a warp's walk put its parts of tiles T * (u0 + j * step) + u (j < nt): counts each tile's arrived parts, and
+ * the tile's last part to arrive adds them in order (((first + second) + third) + fourth), as packed_split does, and
+ * stores. Out of the walk, so the walk's registers stay those of the unsplit kernel. */
+template <int T> __device__ __forceinline__ void parts_meet(const PParams &P, int u0, int step, int nt, int lane) {
+    const unsigned S = (unsigned)P.split;
+    __threadfence(); /* this lane's parts, before the count */
+    for (int j = 0; j < nt; j++)
+        for (int u = 0; u < T; u++) {
+            const int tile = T * (u0 + j * step) + u;
+            if (tile >= P.tiles) continue;
+            unsigned got = kp_shfl(0u, 0); /* every lane's fence before the count */
+            if (lane == 0) {
+                got = atomicAdd(P.cnt + tile, 1u) + 1u;
+                if (got == S) P.cnt[tile] = 0u; /* all arrived: zero again for the next launch */
+            }
+            if (kp_shfl(got, 0) != S) continue;
+            __threadfence();
+            const float *all = P.part + (size_t)tile * S * 128 + lane * 4;
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = kp_ldcg_f32(all + e);
+            for (unsigned q = 1; q < S; q++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[e] = __fadd_rn(v[e], kp_ldcg_f32(all + q * 128 + e));
+            store_tile(P, tile, lane, v);
+        }
+}
+
 /* A warp's walk over spans [s0, s1) of its units u0, u0 + step, ... (nt of them; unit u is tiles Tu..Tu + T - 1,
  * a tile past the last one reads tile Tu and stores nothing), D spans of each tile in flight across unit
  * boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one unit,
  * a chunk of its k) leaves its sums in acc. */
-template <int B, bool XF16, bool ONE, int LG, int T>
+template <int B, bool XF16, bool ONE, int LG, int T, bool PART>
 __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt, int s0, int s1, bool final,
                                      const uint4 *xf, const float *xs, int nblk, int ngc, int lane,
                                      float (*acc)[4]) {
@@ -331,7 +369,10 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
                     if (final) {
 #pragma unroll
                         for (int u = 0; u < T; u++) {
-                            store_tile(P, T * (u0 + ct * step) + u, lane, acc[u]);
+                            if constexpr (PART)
+                                part_put(P, T * (u0 + ct * step) + u, lane, acc[u]);
+                            else
+                                store_tile(P, T * (u0 + ct * step) + u, lane, acc[u]);
                             acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
                         }
                     }
@@ -342,30 +383,36 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
     }
 }
 
-template <int B, bool XF16, bool ONE, int LG, int T>
+/* PART: k in P.split parts on blocks of their own (the grid a multiple of split): block b walks part b % split of its
+ * units, staging that part of x alone, and parts_meet adds the parts; else each block walks all of k. */
+template <int B, bool XF16, bool ONE, int LG, int T, bool PART>
 __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *xs) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nchunk = (P.kp + P.xk - 1) / P.xk, spc = P.xk / kSpan, units = (P.tiles + T - 1) / T;
+    const int ls = P.split >> 1; /* PART: log2 of split (2 or 4) */
+    const int bi = PART ? blockIdx.x >> ls : blockIdx.x, nb = PART ? gridDim.x >> ls : gridDim.x;
+    const int kr = PART ? P.kp >> ls : P.kp, sr = PART ? (blockIdx.x & (P.split - 1)) * (P.ns >> ls) : 0; /* codes, first span */
+    const int nchunk = (kr + P.xk - 1) / P.xk, spc = P.xk / kSpan, units = (P.tiles + T - 1) / T;
     const bool whole = nchunk == 1; /* x staged once, each warp walks all its units; else one unit a round */
     /* whole: warp slots block-minor, so a grid with fewer units than warps keeps every block (and SM) busy */
-    const int nw = gridDim.x * kPkWarps, gw = whole ? warp * gridDim.x + blockIdx.x : blockIdx.x * kPkWarps + warp;
+    const int nw = nb * kPkWarps, gw = whole ? warp * nb + bi : bi * kPkWarps + warp;
     float acc[T][4];
 #pragma unroll
     for (int u = 0; u < T; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
-    kp_grid_wait(); /* x belongs to the previous kernel until now */
-    for (int base = blockIdx.x * kPkWarps; base < (whole ? blockIdx.x * kPkWarps + 1 : units); base += nw) {
+    kp_grid_wait(); /* x (and the scratch) belong to the previous kernel until now */
+    for (int base = bi * kPkWarps; base < (whole ? bi * kPkWarps + 1 : units); base += nw) {
         const int unit = whole ? gw : base + warp;
         const int nt = whole ? (gw < units ? (units - gw + nw - 1) / nw : 0) : unit < units;
         for (int c = 0; c < nchunk; c++) {
-            const int c0 = c * P.xk, lenp = min(P.xk, P.kp - c0), len = min(lenp, P.k - c0);
+            const int c0 = sr * kSpan + c * P.xk, lenp = min(P.xk, kr - c * P.xk), len = min(lenp, P.k - c0);
             __syncthreads();
             stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, len, lenp, xf);
             __syncthreads();
             stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, xf, xs);
             __syncthreads();
-            walk<B, XF16, ONE, LG, T>(P, unit, nw, nt, c * spc, c * spc + lenp / kSpan, c == nchunk - 1, xf, xs,
-                                      lenp / 32, lenp / P.group, lane, acc);
+            walk<B, XF16, ONE, LG, T, PART>(P, unit, nw, nt, sr + c * spc, sr + c * spc + lenp / kSpan,
+                                            c == nchunk - 1, xf, xs, lenp / 32, lenp / P.group, lane, acc);
         }
+        if constexpr (PART) parts_meet<T>(P, unit, nw, nt, lane);
     }
 }
 
@@ -385,9 +432,10 @@ __device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int
     __syncthreads();
 }
 
-/* k in S parts (P.split: 2 or 4, its own kernel); each part's sum runs over its spans from zero, and the parts add
- * in a fixed order (((first + second) + third) + fourth) before the first warp stores, so the bits never depend on
- * m, T, the chunking or the grid. Two layouts of a block's 8 warps:
+/* k in S parts (P.split: 2 or 4, its own kernel) at m = 1 (m > 1: packed_run's parts on blocks of their own); each
+ * part's sum runs over its spans from zero, and the parts add in a fixed order (((first + second) + third) + fourth)
+ * before the first warp stores, so the bits never depend on m, T, the chunking, the layout or the grid. Two layouts
+ * of a block's 8 warps:
  * - T = 2 (quarters at m = 1 with whole x, widths with pairs): warps slot, slot + 2, ... walk the 4 parts of unit
  *   base + slot (two tiles side by side), each part's x staged once side by side;
  * - T = 1: warps slot and slot + 4 walk the first and the second half of tile base + slot through their halves'
@@ -424,7 +472,7 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
 #pragma unroll
                         for (int v = 0; v < 4; v++) mine[u * 4 + v] = acc[u][v], acc[u][v] = 0.f;
                 }
-                walk<B, XF16, ONE, LG, T>(P, unit, 0, unit < units, a, e, false, smem + reg * xfn + (a - s0) * 16,
+                walk<B, XF16, ONE, LG, T, false>(P, unit, 0, unit < units, a, e, false, smem + reg * xfn + (a - s0) * 16,
                                           xs0 + reg * xsn + (a - s0) * gps, lenp / 32, lenp / P.group, lane, acc);
             }
         }
@@ -456,16 +504,16 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
     }
 }
 
-template <int B, bool XF16, bool ONE>
+template <int B, bool XF16, bool ONE, bool PART>
 __device__ __forceinline__ void run_lg(const PParams &P, int lg, uint4 *xf, float *xs) {
     /* one switch (an if-chain here left sm_90's 4-bit kernel 4-8 bytes of spills); the launcher sets P.pairs only
      * where KEEL_PK_PAIRS(B, ONE, lg) holds, so lg 0 never pairs */
     switch (lg + 3 * (P.pairs != 0)) {
-    case 0: packed_run<B, XF16, ONE, 0, 1>(P, xf, xs); break;
-    case 1: packed_run<B, XF16, ONE, 1, 1>(P, xf, xs); break;
-    case 2: packed_run<B, XF16, ONE, 2, 1>(P, xf, xs); break;
-    case 4: if (KEEL_PK_PAIRS(B, ONE, 1)) packed_run<B, XF16, ONE, 1, 2>(P, xf, xs); break;
-    default: if (KEEL_PK_PAIRS(B, ONE, 2)) packed_run<B, XF16, ONE, 2, 2>(P, xf, xs); break;
+    case 0: packed_run<B, XF16, ONE, 0, 1, PART>(P, xf, xs); break;
+    case 1: packed_run<B, XF16, ONE, 1, 1, PART>(P, xf, xs); break;
+    case 2: packed_run<B, XF16, ONE, 2, 1, PART>(P, xf, xs); break;
+    case 4: if (KEEL_PK_PAIRS(B, ONE, 1)) packed_run<B, XF16, ONE, 1, 2, PART>(P, xf, xs); break;
+    default: if (KEEL_PK_PAIRS(B, ONE, 2)) packed_run<B, XF16, ONE, 2, 2, PART>(P, xf, xs); break;
     }
 }
 
@@ -478,13 +526,14 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed(
     /* the group at compile time: the group loop unrolls */
     const int lg = pk_lg(P.group);
     if (P.m == 1) /* one activation row (decode): the odd columns' group ends left out */
-        run_lg<B, XF16, true>(P, lg, xf, xs);
+        run_lg<B, XF16, true, false>(P, lg, xf, xs);
     else
-        run_lg<B, XF16, false>(P, lg, xf, xs);
+        run_lg<B, XF16, false, false>(P, lg, xf, xs);
 }
 
-template <int B, bool XF16, bool ONE>
+template <int B, bool XF16>
 __device__ __forceinline__ void split_lg(const PParams &P, int lg, uint4 *smem) {
+    constexpr bool ONE = true;
     if (lg == 0) packed_split<B, XF16, ONE, 0, 1>(P, smem);
     else if (lg == 1 && ONE && KEEL_PK_PAIRS(B, ONE, 1) && P.pairs) packed_split<B, XF16, ONE, 1, 2>(P, smem);
     else if (lg == 1) packed_split<B, XF16, ONE, 1, 1>(P, smem);
@@ -492,20 +541,28 @@ __device__ __forceinline__ void split_lg(const PParams &P, int lg, uint4 *smem) 
     else packed_split<B, XF16, ONE, 2, 1>(P, smem);
 }
 
-/* The packed tile with k in halves (keel_cuda_packed_splits == 2): a kernel of its own, so the walks of the
- * common case keep their registers and schedule. */
+/* The packed tile with k in parts (keel_cuda_packed_splits > 1) at m = 1: the parts of a unit on warps of one block
+ * (whole x). A kernel of its own, so the walks of the common case keep their registers and schedule. */
 template <int B, bool XF16>
 __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed_split(PParams P) {
     extern __shared__ uint4 pk_smem[];
     kp_grid_release();
-    const int lg = pk_lg(P.group);
-    if (P.m == 1) split_lg<B, XF16, true>(P, lg, pk_smem);
-    else split_lg<B, XF16, false>(P, lg, pk_smem);
+    split_lg<B, XF16>(P, pk_lg(P.group), pk_smem);
+}
+
+/* The packed tile with k in parts at m > 1: each part on blocks of their own, so a block stages its part of x and not
+ * all of it, and the parts' sums meet in the stream's scratch (parts_meet). Its own kernel: with the split kernel's
+ * walks in one kernel ptxas spilled. */
+template <int B, bool XF16>
+__global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed_parts(PParams P) {
+    extern __shared__ uint4 pk_smem[];
+    kp_grid_release();
+    run_lg<B, XF16, false, true>(P, pk_lg(P.group), pk_smem, (float *)(pk_smem + (size_t)P.m * P.xk / 8));
 }
 
 /* Shared memory of a launch staging R x regions (1 unsplit): R chunks of x, their sums and a split's parts' sums. */
 static size_t pk_smem_bytes(const PParams &P, int R) {
-    const size_t psum = (size_t)R * (kPkWarps / R) * 32 * (P.split / R) * (R == 4 ? 2 : 1) * 4 * 4;
+    const size_t psum = R > 1 ? (size_t)R * (kPkWarps / R) * 32 * (P.split / R) * (R == 4 ? 2 : 1) * 4 * 4 : 0;
     return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * (P.xk / P.group) * 4) + psum;
 }
 
@@ -541,18 +598,21 @@ static int pk_auto_xbytes(const void *fn) {
 
 /* Picks the launch's walk (x-chunk, tile pairs, k-split layout) and grid, then launches. */
 template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
-    static size_t attr[2] = {0, 0}; /* the kernels' dynamic shared memory attribute as last set */
+    static size_t attr[3] = {0, 0, 0}; /* the kernels' dynamic shared memory attribute as last set */
     /* blocks an SM by kernel and shared memory (it depends on m, the chunk and the group), the last kPkOcc seen */
     enum { kPkOcc = 16 };
     static struct { size_t smem; int split, bps; } occ[kPkOcc];
     static int nocc = 0;
-    const int sp = P.split ? 1 : 0;
+    /* the kernel: 0 unsplit, 1 k in parts at m = 1 (one block a unit), 2 at m > 1 (blocks a part) */
+    const int sp = !P.split ? 0 : P.m == 1 ? 1 : 2;
 #if KEEL_PK_SPLIT_KERNEL
-    const void *fn = sp ? (const void *)stream_packed_split<B, XF16> : (const void *)stream_packed<B, XF16>;
+    const void *fn = sp == 2   ? (const void *)stream_packed_parts<B, XF16>
+                     : sp == 1 ? (const void *)stream_packed_split<B, XF16>
+                               : (const void *)stream_packed<B, XF16>;
 #else
     const void *fn = (const void *)stream_packed<B, XF16>;
 #endif
-    static int auto_xb[2] = {0, 0}; /* each kernel's auto budget, found on its first auto launch */
+    static int auto_xb[3] = {0, 0, 0}; /* each kernel's auto budget, found on its first auto launch */
     if (pk_xbytes < 0 && !auto_xb[sp]) {
         auto_xb[sp] = pk_auto_xbytes(fn);
         attr[sp] = 0; /* the search moved the attribute */
@@ -576,8 +636,10 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
     const bool can = arch_pairs && KEEL_PK_PAIRS(B, P.m == 1, pk_lg(P.group));
     PParams Q = P;
     const int most = xbytes / 2 / P.m / kSpan * kSpan; /* codes of x a block stages at most */
-    if (!P.split) {
-        Q.xk = P.kp <= most ? P.kp : most;
+    const bool parts = sp == 2; /* the parts on blocks of their own: a block stages its part of x */
+    const int kr = parts ? P.kp / P.split : P.kp; /* codes of k one block walks */
+    if (!P.split || parts) {
+        Q.xk = kr <= most ? kr : most;
     } else {
         /* quarters at m = 1 with whole x, where the width has pairs: four regions, two tiles a warp; else two
          * regions (halves) of x-chunks as long as shared memory allows */
@@ -588,7 +650,7 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
             while (pk_smem_bytes(Q, 2) > cap) Q.xk -= kSpan;
         }
     }
-    const size_t smem = pk_smem_bytes(Q, !P.split ? 1 : Q.pairs ? 4 : 2);
+    const size_t smem = pk_smem_bytes(Q, !P.split || parts ? 1 : Q.pairs ? 4 : 2);
     KEEL_ASSERT(Q.xk >= kSpan && smem <= cap);
     int bps = 0;
     for (int i = 0; i < nocc && i < kPkOcc; i++)
@@ -602,13 +664,26 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
     const long long fill = (long long)bps * keel_cuda_sm_count();
     /* tile pairs only where there are pairs enough for every warp (else fewer warps an SM would walk them) */
     if (!P.split) Q.pairs = can && (P.tiles + 1) / 2 >= fill * kPkWarps;
+    if (parts) Q.pairs = can;
     const long long units = Q.pairs ? (P.tiles + 1) / 2 : P.tiles;
-    const long long slots = P.split ? kPkWarps / (Q.pairs ? 4 : 2) : kPkWarps;
-    const long long want = P.split || Q.xk < P.kp ? (units + slots - 1) / slots : units;
-    const unsigned blocks = (unsigned)(want < fill ? want : fill);
-    pk_last_walk = (Q.pairs ? KEEL_CUDA_PK_WALK_PAIRS : 0) | (sp ? KEEL_CUDA_PK_WALK_SPLIT : 0);
+    unsigned blocks;
+    if (parts) { /* blocks a part: one a unit at most (whole part: units spread over blocks first); a multiple of split */
+        const long long want = Q.xk < kr ? (units + kPkWarps - 1) / kPkWarps : units, most_b = fill / P.split;
+        KEEL_ASSERT(most_b >= 1);
+        blocks = (unsigned)((want < most_b ? want : most_b) * P.split);
+        keel_cuda_stream_scratch_get(st, (size_t)P.tiles * P.split * 128 * sizeof(float), (size_t)P.tiles, &Q.part,
+                                     &Q.cnt);
+    } else {
+        const long long slots = P.split ? kPkWarps / (Q.pairs ? 4 : 2) : kPkWarps;
+        const long long want = P.split || Q.xk < P.kp ? (units + slots - 1) / slots : units;
+        blocks = (unsigned)(want < fill ? want : fill);
+    }
+    pk_last_walk = (Q.pairs ? KEEL_CUDA_PK_WALK_PAIRS : 0) | (sp ? KEEL_CUDA_PK_WALK_SPLIT : 0) |
+                   (parts ? KEEL_CUDA_PK_WALK_PARTS : 0);
 #if KEEL_PK_SPLIT_KERNEL
-    if (sp)
+    if (parts)
+        KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed_parts<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, Q);
+    else if (sp)
         KP_LAUNCH(keel_cuda_stream_pdl_active(), (stream_packed_split<B, XF16>), dim3(blocks), dim3(kPkThreads), smem, st, Q);
     else
 #endif
@@ -731,7 +806,7 @@ extern "C" const void *keel_cuda_packed_kernel_fn(const char *symbol) {
     static const struct {
         const char *name;
         const void *fn;
-    } tab[] = {KP_FNS(stream_packed), KP_FNS(stream_packed_split)};
+    } tab[] = {KP_FNS(stream_packed), KP_FNS(stream_packed_split), KP_FNS(stream_packed_parts)};
 #undef KP_FNS
 #undef KP_FN
     if (!symbol) return NULL;

@@ -893,6 +893,16 @@ extern "C" void keel_cuda_stream_scratch_release(void *owner) {
         return;
     }
 }
+
+extern "C" void keel_cuda_stream_scratch_get(void *stream, size_t part_bytes, size_t counters, float **part,
+                                             unsigned **cnt) {
+    KEEL_ASSERT(part && cnt);
+    Scratch *sc = scratch_of((cudaStream_t)stream);
+    grow((void **)&sc->part, &sc->part_cap, part_bytes, false);
+    grow((void **)&sc->cnt, &sc->cnt_cap, counters * sizeof(unsigned), true);
+    *part = sc->part;
+    *cnt = sc->cnt;
+}
 #endif
 
 extern "C" int keel_cuda_stream_splits(int n, int k, int items) {

@@ -254,8 +254,8 @@ static void check_parts_sequence(const qm *q, const uint16_t *x, keel_dtype xdt,
 }
 
 /* Few row tiles and a long k: the tile sums k in two parts (66 spans) or four (128 spans) through whole x (m = 1;
- * quarters walk two tiles a warp where the width allows pairs, an odd tile count) and x-chunks (m > 1, each half
- * walked as its parts, several chunks a half, the last partial); within the float64 bound at every width and group,
+ * quarters walk two tiles a warp where the width allows pairs, an odd tile count) and on blocks of their own (m > 1,
+ * each block its part of x, the parts' sums met in the stream's scratch); within the float64 bound at every width and group,
  * equal bit for bit to the parts' sequence, each row of an 8-row launch (one layout) equal to its 1-row launch (the
  * other), repeated launches equal. */
 static void test_split_parts(void **state) {
@@ -279,12 +279,14 @@ static void test_split_parts(void **state) {
                 uint16_t *x = make_x(m, k, xdt, &dx);
                 float *y8 = run_packed(&pw, dx, xdt, m, KEEL_DT_F32, KEEL_EPI_NONE);
                 assert_true(keel_cuda_packed_last_walk() & KEEL_CUDA_PK_WALK_SPLIT);
+                assert_true(keel_cuda_packed_last_walk() & KEEL_CUDA_PK_WALK_PARTS); /* m > 1: blocks a part */
                 check_y(&q, x, xdt, m, KEEL_DT_F32, KEEL_EPI_NONE, y8);
                 check_parts_sequence(&q, x, xdt, m, y8, KEEL_EPI_NONE, S);
                 int pairs1 = 0;
                 for (int r = 0; r < m; r++) {
                     float *y1 = run_packed(&pw, (uint16_t *)dx + (size_t)r * k, xdt, 1, KEEL_DT_F32, KEEL_EPI_NONE);
                     pairs1 = keel_cuda_packed_last_walk() & KEEL_CUDA_PK_WALK_PAIRS;
+                    assert_int_equal(keel_cuda_packed_last_walk() & KEEL_CUDA_PK_WALK_PARTS, 0); /* m = 1: one block */
                     if (memcmp(y1, y8 + (size_t)r * n, (size_t)n * 4))
                         fail_msg("bits %d group %d parts %d: row %d of an 8-row launch differs from its 1-row launch",
                                  kBits[bi], G, S, r);
@@ -303,6 +305,9 @@ static void test_split_parts(void **state) {
                 free(again);
                 void *yr = run_packed(&pw, dx, xdt, 3, KEEL_DT_BF16, KEEL_EPI_RELU2);
                 check_y(&q, x, xdt, 3, KEEL_DT_BF16, KEEL_EPI_RELU2, yr);
+                void *yr1 = run_packed(&pw, dx, xdt, 1, KEEL_DT_BF16, KEEL_EPI_RELU2); /* row 0 of the 3 alone */
+                assert_memory_equal(yr1, yr, (size_t)n * 2);
+                free(yr1);
                 free(yr), free(y8), free(x);
                 keel_cuda_free(dx);
                 keel_cuda_free((void *)pw.w);
@@ -313,9 +318,44 @@ static void test_split_parts(void **state) {
     assert_int_equal(keel_cuda_packed_splits(45, 16640), 2);    /* 130 spans: even, not a multiple of 4 */
 }
 
+/* k in quarters on as many row tiles as still split (8 a SM), m = 8: the parts on blocks of their own walk several tiles
+ * a warp (one tile a warp) or a unit each (pairs), and the last part of each tile to arrive adds them; each row equals
+ * its 1-row launch (parts on the warps of one block), row 0 is within the float64 bound, a second launch (the
+ * counters back at zero) gives the same bits. */
+static void test_parts_many_tiles(void **state) {
+    (void)state;
+    const int n = 128 * keel_cuda_sm_count() - 8, k = 16384, m = 8;
+    assert_int_equal(keel_cuda_packed_splits(n, k), 4);
+    const struct { int bits, group; } cases[] = {{4, 64}, {4, 32}, {6, 128}};
+    for (size_t c = 0; c < KEEL_ARRAY_LEN(cases); c++) {
+        qm q;
+        qm_make_signed(&q, n, k, cases[c].bits, cases[c].group, KEEL_DT_BF16);
+        keel_cuda_pw pw = pack(&q);
+        void *dx;
+        uint16_t *x = make_x(m, k, KEEL_DT_BF16, &dx);
+        float *y8 = run_packed(&pw, dx, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_NONE);
+        assert_true(keel_cuda_packed_last_walk() & KEEL_CUDA_PK_WALK_PARTS);
+        check_y(&q, x, KEEL_DT_BF16, 1, KEEL_DT_F32, KEEL_EPI_NONE, y8);
+        for (int r = 0; r < m; r++) {
+            float *y1 = run_packed(&pw, (uint16_t *)dx + (size_t)r * k, KEEL_DT_BF16, 1, KEEL_DT_F32, KEEL_EPI_NONE);
+            if (memcmp(y1, y8 + (size_t)r * n, (size_t)n * 4))
+                fail_msg("bits %d group %d n %d: row %d of an 8-row launch (parts on blocks) differs from its 1-row "
+                         "launch", cases[c].bits, cases[c].group, n, r);
+            free(y1);
+        }
+        float *again = run_packed(&pw, dx, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_NONE);
+        assert_memory_equal(again, y8, (size_t)m * n * 4);
+        free(again), free(y8), free(x);
+        keel_cuda_free(dx);
+        keel_cuda_free((void *)pw.w);
+        qm_free(&q);
+    }
+}
+
 /* The x budget chunks x differently and never moves a bit: the chunked long-k path (m = 8, several chunks at small
- * budgets) and a k split in four (m = 8 halves of x-chunks; m = 1 whole x) at the smallest budget, 48 KB, the largest
- * this device allows, against the default (auto); bad budgets are refused and change nothing. */
+ * budgets) and a k split in four (m = 8 parts on blocks, x-chunks at small budgets; m = 1 whole x) at the smallest
+ * budget, 48 KB, the largest this device allows, against the default (auto); bad budgets are refused and change
+ * nothing. */
 static void test_xbudget_bits(void **state) {
     (void)state;
     assert_int_equal(keel_cuda_packed_xbudget_now(), KEEL_CUDA_PACKED_XBUDGET_AUTO);
@@ -381,6 +421,7 @@ int main(void) {
         cmocka_unit_test(test_large_equal),
         cmocka_unit_test(test_tile_pairs_equal),
         cmocka_unit_test(test_split_parts),
+        cmocka_unit_test(test_parts_many_tiles),
         cmocka_unit_test(test_xbudget_bits),
         cmocka_unit_test(test_kernel_fn),
     };
