@@ -277,7 +277,6 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     std::vector<int> xbudgets = {0}; /* the packed rows at the default budget (0), then at each --xbudget (bytes) */
     int tune_l2 = -1, tune_st = -1, prefetch = KEEL_CUDA_STREAM_PREFETCH_DEFAULT, pdl = 0,
         split_q = KEEL_CUDA_STREAM_SPLIT_TARGET_DEFAULT;
-    int pk_pf = KEEL_CUDA_PACKED_PREFETCH_DEFAULT;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--quick")) {
             quick = true;
@@ -290,8 +289,6 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         } else if (!strcmp(argv[a], "--prefetch") && a + 1 < argc && sscanf(argv[a + 1], "%d", &prefetch) == 1) {
             a++;
         } else if (!strcmp(argv[a], "--split-target") && a + 1 < argc && sscanf(argv[a + 1], "%d", &split_q) == 1) {
-            a++;
-        } else if (!strcmp(argv[a], "--pk-prefetch") && a + 1 < argc && sscanf(argv[a + 1], "%d", &pk_pf) == 1) {
             a++;
         } else if (!strcmp(argv[a], "--shapes") && a + 1 < argc) {
             only = argv[++a];
@@ -338,7 +335,7 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "keel bench stream: unknown option '%s' (expected --quick, --sweep, --sweep-only, "
-                            "--tune L2BLOCK,STAGES, --packed on|off, --prefetch S, --pk-prefetch SPANS, --pdl, --split-target Q, --split-long on|off, --split-round up|down, --shapes A,B, --dims N:K,N:K, --bits B,B, --xbudget KIB,KIB)\n", argv[a]);
+                            "--tune L2BLOCK,STAGES, --packed on|off, --prefetch S, --pdl, --split-target Q, --split-long on|off, --split-round up|down, --shapes A,B, --dims N:K,N:K, --bits B,B, --xbudget KIB,KIB)\n", argv[a]);
             return 2;
         }
     }
@@ -355,11 +352,6 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
     keel_cuda_packed_xbudget(0);
     if (!keel_cuda_stream_prefetch(prefetch)) {
         fprintf(stderr, "keel bench stream: --prefetch %d out of range (0..64 stages)\n", prefetch);
-        return 2;
-    }
-    if (!keel_cuda_packed_prefetch(pk_pf)) {
-        fprintf(stderr, "keel bench stream: --pk-prefetch %d out of range (0..%d spans)\n", pk_pf,
-                KEEL_CUDA_PACKED_PREFETCH_MAX);
         return 2;
     }
     if (!keel_cuda_stream_split_target(split_q)) {
@@ -393,8 +385,8 @@ extern "C" int keel_cuda_bench_stream(int argc, char **argv) {
         keel_cuda_free(o);
     }
     printf("device: %s\nread bandwidth (plain streaming read, 4 GiB): %.0f GB/s\n", dev, g_read_gbs);
-    printf("stream tiles: L2 prefetch chunk %d stages, programmatic dependent launch %s, k-split target %d/4 blocks an SM; "
-           "packed tile: L2 prefetch %d spans a tile\n", prefetch, pdl ? "on" : "off", split_q, pk_pf);
+    printf("stream tiles: L2 prefetch chunk %d stages, programmatic dependent launch %s, k-split target %d/4 blocks an SM\n",
+           prefetch, pdl ? "on" : "off", split_q);
     void *x = keel_cuda_malloc((size_t)8 * 16384 * 2);
     fill(x, (size_t)8 * 16384 * 2, 3u, 2);
     float *y = (float *)keel_cuda_malloc((size_t)8 * 131072 * 4);

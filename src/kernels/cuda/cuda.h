@@ -153,12 +153,6 @@ typedef struct keel_cuda_pw {
 bool keel_cuda_packed_xbudget(int bytes);
 /* The budget packed launches use now (bytes, or KEEL_CUDA_PACKED_XBUDGET_AUTO). */
 int keel_cuda_packed_xbudget_now(void);
-/* Spans of each tile of a warp's first unit that a packed launch asks L2 to fetch before it waits for the previous
- * kernel (dependent launches) and stages x: 0 (none) to KEEL_CUDA_PACKED_PREFETCH_MAX. A hint, never a bit of the
- * result; false, and nothing changed, outside that range. A process-wide setting, like the x budget. */
-#define KEEL_CUDA_PACKED_PREFETCH_DEFAULT 0
-#define KEEL_CUDA_PACKED_PREFETCH_MAX 64
-bool keel_cuda_packed_prefetch(int spans);
 /* The layout: tiles of KEEL_CUDA_PACK_ROWS rows, each a run of spans of KEEL_CUDA_PACK_SPAN codes (k padded with
  * zeros), each span a record of KEEL_CUDA_PACK_REC bytes: the 32 lanes' codes (lane 4g + t: 8 items of `bits` bytes,
  * item 2b + h the bytes of codes 8t..8t+7 of block b of row g + 8h; the lane's byte j at KEEL_CUDA_PACK_AT, in

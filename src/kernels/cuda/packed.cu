@@ -84,7 +84,6 @@ struct PParams {
     int split;              /* k in parts (pk_splits: 2 or 4, else 0; layouts: packed_split); xk: a region's chunk */
     float *part;            /* (tiles, split, 32 lanes, 4) the parts' sums when parts run on blocks of their own */
     unsigned *cnt;          /* (tiles) parts arrived, zero between launches */
-    int pf;                 /* spans of each tile of a warp's first unit to prefetch into L2 (0: none) */
 };
 
 #ifndef KEEL_PK_SPLIT_KERNEL /* the k-in-parts kernel is built (the contract twin leaves it out) */
@@ -103,7 +102,6 @@ int pk_splits(int n, int k) {
 
 thread_local int pk_last_walk; /* KEEL_CUDA_PK_WALK_* of this host thread's last launch */
 int pk_xbytes = KEEL_CUDA_PACKED_XBUDGET_AUTO; /* x a block stages at most (longer k: chunks); keel_cuda_packed_xbudget */
-int pk_pf = KEEL_CUDA_PACKED_PREFETCH_DEFAULT; /* keel_cuda_packed_prefetch */
 
 
 /* Item i (block i / 2, row g + 8 (i % 2)) of a lane's span codes as the ring tile's thread bytes (LSB first);
@@ -397,12 +395,6 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
     const bool whole = nchunk == 1; /* x staged once, each warp walks all its units; else one unit a round */
     /* whole: warp slots block-minor, so a grid with fewer units than warps keeps every block (and SM) busy */
     const int nw = nb * kPkWarps, gw = whole ? warp * nb + bi : bi * kPkWarps + warp;
-    if (P.pf > 0 && lane == 0) { /* the weights are this kernel's own: ask L2 for the first unit's start now */
-        const int u = whole ? gw : bi * kPkWarps + warp;
-        const long long len = (long long)min(P.pf, kr / kSpan) * P.rec;
-        for (int t = 0; t < T && u < units; t++)
-            if (T * u + t < P.tiles) kp_prefetch_l2(P.w + ((long long)(T * u + t) * P.ns + sr) * P.rec, len);
-    }
     float acc[T][4];
 #pragma unroll
     for (int u = 0; u < T; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
@@ -780,7 +772,6 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
     P.last = (long long)m * W->n - 1;
     const int S = pk_splits(W->n, W->k);
     P.split = S > 1 ? S : 0;
-    P.pf = pk_pf;
     if (xdt == KEEL_DT_F16)
         launch_pk_bits<true>(W->bits, P, (cudaStream_t)stream);
     else
@@ -804,12 +795,6 @@ extern "C" bool keel_cuda_packed_xbudget(int bytes) {
 }
 
 extern "C" int keel_cuda_packed_xbudget_now(void) { return pk_xbytes; }
-
-extern "C" bool keel_cuda_packed_prefetch(int spans) {
-    if (spans < 0 || spans > KEEL_CUDA_PACKED_PREFETCH_MAX) return false;
-    pk_pf = spans;
-    return true;
-}
 
 extern "C" const void *keel_cuda_packed_kernel_fn(const char *symbol) {
 /* one row per (width, f16 activations) instance of kernel K, named as the audit names it */

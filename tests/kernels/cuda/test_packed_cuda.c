@@ -399,44 +399,6 @@ static void test_xbudget_bits(void **state) {
            KEEL_CUDA_PACKED_XBYTES, most);
 }
 
-/* The L2 prefetch of a warp's first unit is a hint: at 1, 8 and the most spans (and the most at the smallest x budget,
- * one unit a round) every path (unsplit whole x and x-chunks, parts on blocks, m = 1 k in parts) gives the bits of
- * none; out-of-range counts are refused. */
-static void test_prefetch_bits(void **state) {
-    (void)state;
-    assert_false(keel_cuda_packed_prefetch(-1));
-    assert_false(keel_cuda_packed_prefetch(KEEL_CUDA_PACKED_PREFETCH_MAX + 1));
-    const struct { int n, k, bits, m; } cases[] = {{1000, 1024, 4, 1}, {333, 4160, 3, 8}, {45, 16320, 4, 8},
-                                                   {61, 16384, 5, 1}};
-    const int spans[] = {1, 8, KEEL_CUDA_PACKED_PREFETCH_MAX, -KEEL_CUDA_PACKED_PREFETCH_MAX};
-    for (size_t c = 0; c < KEEL_ARRAY_LEN(cases); c++) {
-        qm q;
-        qm_make(&q, cases[c].n, cases[c].k, cases[c].bits, 64, KEEL_DT_BF16);
-        keel_cuda_pw pw = pack(&q);
-        void *dx;
-        uint16_t *x = make_x(cases[c].m, cases[c].k, KEEL_DT_BF16, &dx);
-        assert_true(keel_cuda_packed_prefetch(0));
-        float *y0 = run_packed(&pw, dx, KEEL_DT_BF16, cases[c].m, KEEL_DT_F32, KEEL_EPI_NONE);
-        check_y(&q, x, KEEL_DT_BF16, cases[c].m, KEEL_DT_F32, KEEL_EPI_NONE, y0);
-        for (size_t i = 0; i < KEEL_ARRAY_LEN(spans); i++) {
-            const int sp = spans[i] < 0 ? -spans[i] : spans[i];
-            assert_true(keel_cuda_packed_prefetch(sp));
-            if (spans[i] < 0) assert_true(keel_cuda_packed_xbudget(KEEL_CUDA_PACKED_XBYTES_MIN));
-            float *yp = run_packed(&pw, dx, KEEL_DT_BF16, cases[c].m, KEEL_DT_F32, KEEL_EPI_NONE);
-            assert_true(keel_cuda_packed_xbudget(0));
-            if (memcmp(yp, y0, (size_t)cases[c].m * cases[c].n * 4))
-                fail_msg("n %d k %d bits %d m %d: a prefetch of %d spans%s changed the bits", cases[c].n, cases[c].k,
-                         cases[c].bits, cases[c].m, sp, spans[i] < 0 ? " at the smallest x budget" : "");
-            free(yp);
-        }
-        free(y0), free(x);
-        keel_cuda_free(dx);
-        keel_cuda_free((void *)pw.w);
-        qm_free(&q);
-    }
-    assert_true(keel_cuda_packed_prefetch(KEEL_CUDA_PACKED_PREFETCH_DEFAULT));
-}
-
 static void test_kernel_fn(void **state) {
     (void)state;
     char sym[48];
@@ -461,7 +423,6 @@ int main(void) {
         cmocka_unit_test(test_split_parts),
         cmocka_unit_test(test_parts_many_tiles),
         cmocka_unit_test(test_xbudget_bits),
-        cmocka_unit_test(test_prefetch_bits),
         cmocka_unit_test(test_kernel_fn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
