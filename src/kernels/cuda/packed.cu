@@ -531,9 +531,8 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed(
         run_lg<B, XF16, false, false>(P, lg, xf, xs);
 }
 
-template <int B, bool XF16>
+template <int B, bool XF16, bool ONE>
 __device__ __forceinline__ void split_lg(const PParams &P, int lg, uint4 *smem) {
-    constexpr bool ONE = true;
     if (lg == 0) packed_split<B, XF16, ONE, 0, 1>(P, smem);
     else if (lg == 1 && ONE && KEEL_PK_PAIRS(B, ONE, 1) && P.pairs) packed_split<B, XF16, ONE, 1, 2>(P, smem);
     else if (lg == 1) packed_split<B, XF16, ONE, 1, 1>(P, smem);
@@ -547,7 +546,10 @@ template <int B, bool XF16>
 __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed_split(PParams P) {
     extern __shared__ uint4 pk_smem[];
     kp_grid_release();
-    split_lg<B, XF16>(P, pk_lg(P.group), pk_smem);
+    /* m > 1 launches take stream_packed_parts; the m > 1 walks are compiled here all the same, as without them ptxas
+     * schedules the m = 1 walks slower (docs/stream-tiles.md, "The two trees side by side") */
+    if (P.m == 1) split_lg<B, XF16, true>(P, pk_lg(P.group), pk_smem);
+    else split_lg<B, XF16, false>(P, pk_lg(P.group), pk_smem);
 }
 
 /* The packed tile with k in parts at m > 1: each part on blocks of their own, so a block stages its part of x and not
