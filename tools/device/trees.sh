@@ -1,7 +1,8 @@
 #!/bin/bash
 # On the GPU machine, with build-l/g.tar.xz (old_keel: b5bd8b5, before the parts kernel; pf_keel: f285097, the parts
-# kernel and the first-unit L2 prefetch knob; keel: b408055, the revert of f285097, before the split kernel kept its m > 1 walks) and .devdeps carried: 16384² at 2, 4 and 6 bits with
-# each binary twice, alternating, in one run; logs under $OUT.
+# kernel and the first-unit L2 prefetch knob; keel: b408055, the revert of f285097, before the split kernel kept its
+# m > 1 walks) and .devdeps carried: 16384² at 2, 4 and 6 bits with each binary twice, alternating, in one run; logs
+# under $OUT.
 mkdir -p build-l/g && tar -xJf build-l/g.tar.xz -C build-l/g
 source .devdeps/env.sh
 for i in 1 2; do
