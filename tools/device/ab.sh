@@ -3,22 +3,26 @@
 # (a build of the tree before the change beside the new one). For each keel binary of $BINS (space-separated paths;
 # default build-l/keel), interleaved ROUNDS times (default 2): `keel bench decode` at 1k ($DARGS); then the last
 # binary with each of $EXTRA's option sets (';'-separated, e.g. EXTRA='--fused-router on;--pdl-engine off'); with
-# CTX32=1 each binary at 32k; with FAMILY=1 the last binary's family table. Unless STREAM=0: per binary `keel bench
-# stream $STREAM_ARGS` (default --quick), its table rows. With CHECKS=1: lib.sh's checks of the last binary's build
-# ($CONTRACT_ARGS). With NCU=1: ncu's time per kernel of one launch-by-launch decode step of each binary
+# CTX32=1 each binary at 32k; with FAMILY=1 the last binary's family table; DECODE=0 leaves out the 1k decode lines
+# and the synthetic model (stream benches only; EXTRA, CTX32 and FAMILY need it). Unless STREAM=0: per binary `keel
+# bench stream $STREAM_ARGS` (default --quick), its table rows, the binaries interleaved STREAM_ROUNDS times (default
+# 1), each table in $OUT/stream_<binary's path, / as _>_<round>.log. With CHECKS=1: lib.sh's checks of the last
+# binary's build ($CONTRACT_ARGS). With NCU=1: ncu's time per kernel of one launch-by-launch decode step of each binary
 # ($OUT/ncu_step.txt). With SASS=1 each binary's SASS instruction count per stream_tile function, and the first
 # binary's stream_tile<4, bf16> SASS (tile and twin) in $OUT/tile4.sass.
 NAME=ab BUILD_DIR=build-l
 . "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH}:/usr/local/cuda/lib64
-timeout 150 $K synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64 >/dev/null 2>&1 || echo "synth failed"
 BINS=${BINS:-$K}
 last=${BINS##* }
-for r in $(seq ${ROUNDS:-2}); do
-  for b in $BINS; do
-    decode_line "$b" "$b" ${DARGS:-}
+if [[ ${DECODE:-1} == 1 ]]; then
+  timeout 150 $K synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64 >/dev/null 2>&1 || echo "synth failed"
+  for r in $(seq ${ROUNDS:-2}); do
+    for b in $BINS; do
+      decode_line "$b" "$b" ${DARGS:-}
+    done
   done
-done
+fi
 IFS=';' read -ra extras <<<"${EXTRA:-}"
 for x in "${extras[@]}"; do decode_line "$last $x" "$last" $x ${DARGS:-}; done
 if [[ ${CTX32:-0} == 1 ]]; then
@@ -29,9 +33,12 @@ if [[ ${FAMILY:-0} == 1 ]]; then
   grep -E "^(floor|bandwidth|  [a-z])" $OUT/decode.log | cut -c1-200 | head -12
 fi
 if [[ ${STREAM:-1} == 1 ]]; then
-  for b in $BINS; do
-    timeout 150 $b bench stream ${STREAM_ARGS:---quick} >/tmp/b.log 2>&1
-    echo "bench stream $b: rc=$?"; grep -E "^(read bandwidth|[a-z_0-9]+ +[2-8] +[0-9]+ +[18] |experts|  separate)" /tmp/b.log
+  for r in $(seq ${STREAM_ROUNDS:-1}); do
+    for b in $BINS; do
+      log=$OUT/stream_$(echo "$b" | tr / _)_$r.log
+      timeout 150 $b bench stream ${STREAM_ARGS:---quick} >"$log" 2>&1
+      echo "bench stream $b ($r): rc=$?"; grep -E "^(read bandwidth|[a-z_0-9/]+ +[2-8] +[0-9]+ +[18] |experts|  separate)" "$log"
+    done
   done
 fi
 [[ ${CHECKS:-0} == 1 ]] && checks
