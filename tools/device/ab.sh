@@ -4,7 +4,7 @@
 # default build-l/keel), interleaved ROUNDS times (default 2): `keel bench decode` at 1k ($DARGS); then the last
 # binary with each of $EXTRA's option sets (';'-separated, e.g. EXTRA='--fused-router on;--pdl-engine off'); with
 # CTX32=1 each binary at 32k; with FAMILY=1 the last binary's family table; DECODE=0 leaves out the 1k decode lines
-# and the synthetic model (stream benches only; EXTRA, CTX32 and FAMILY need it). Unless STREAM=0: per binary `keel
+# (the synthetic model is written only where EXTRA, CTX32, FAMILY or NCU decodes it). Unless STREAM=0: per binary `keel
 # bench stream $STREAM_ARGS` (default --quick), its table rows, the binaries interleaved STREAM_ROUNDS times (default
 # 1), each table in $OUT/stream_<binary's path, / as _>_<round>.log. With CHECKS=1: lib.sh's checks of the last
 # binary's build ($CONTRACT_ARGS). With NCU=1: ncu's time per kernel of one launch-by-launch decode step of each binary
@@ -15,8 +15,10 @@ NAME=ab BUILD_DIR=build-l
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH}:/usr/local/cuda/lib64
 BINS=${BINS:-$K}
 last=${BINS##* }
-if [[ ${DECODE:-1} == 1 ]]; then
+if [[ ${DECODE:-1} == 1 || -n ${EXTRA:-} || ${CTX32:-0} == 1 || ${FAMILY:-0} == 1 || ${NCU:-0} == 1 ]]; then
   timeout 150 $K synth configs/nano-30b-a3b.json /tmp/nano --bits 4 --group 64 >/dev/null 2>&1 || echo "synth failed"
+fi
+if [[ ${DECODE:-1} == 1 ]]; then
   for r in $(seq ${ROUNDS:-2}); do
     for b in $BINS; do
       decode_line "$b" "$b" ${DARGS:-}
