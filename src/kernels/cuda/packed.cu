@@ -61,9 +61,9 @@ constexpr int kPkRows = KEEL_CUDA_PACK_ROWS; /* rows of a tile (the mma m16 side
 
 /* Per-width constants: register ring depth (D - 1 spans of each of T tiles in flight). Two tiles side by side
  * (two independent decode and mma chains a warp, sharing each span's x fragments) fit 128 registers where
- * KEEL_PK_PAIRS allows them. */
-template <int B, int T, bool ONE> struct PGeo {
-    static constexpr int D = T == 1 ? (B < 5 ? 3 : 2) : B == 2 && ONE ? 3 : 2;
+ * KEEL_PK_PAIRS allows them; with a third span at 2 bits, and at 3 bits in the split kernel's walk (SPLIT). */
+template <int B, int T, bool ONE, bool SPLIT = false> struct PGeo {
+    static constexpr int D = T == 1 ? (B < 5 ? 3 : 2) : ONE && (B == 2 || (SPLIT && B == 3)) ? 3 : 2;
 };
 
 /* log2 of the group's 32-code blocks: the compile-time walk a group takes */
@@ -308,12 +308,12 @@ template <int T> __device__ __forceinline__ void parts_meet(const PParams &P, in
 /* A warp's walk over spans [s0, s1) of its units u0, u0 + step, ... (nt of them; unit u is tiles Tu..Tu + T - 1,
  * a tile past the last one reads tile Tu and stores nothing), D spans of each tile in flight across unit
  * boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one unit,
- * a chunk of its k) leaves its sums in acc. */
-template <int B, bool XF16, bool ONE, int LG, int T, bool PART>
+ * a chunk of its k) leaves its sums in acc. SPLIT: packed_split's walk (its ring depth, PGeo). */
+template <int B, bool XF16, bool ONE, int LG, int T, bool PART, bool SPLIT = false>
 __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt, int s0, int s1, bool final,
                                      const uint4 *xf, const float *xs, int nblk, int ngc, int lane,
                                      float (*acc)[4]) {
-    constexpr int D = PGeo<B, T, ONE>::D;
+    constexpr int D = PGeo<B, T, ONE, SPLIT>::D;
     const int nsp = s1 - s0, total = nt * nsp;
     if (total <= 0) return;
     const int g = lane >> 2, t = lane & 3;
@@ -472,8 +472,9 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
 #pragma unroll
                         for (int v = 0; v < 4; v++) mine[u * 4 + v] = acc[u][v], acc[u][v] = 0.f;
                 }
-                walk<B, XF16, ONE, LG, T, false>(P, unit, 0, unit < units, a, e, false, smem + reg * xfn + (a - s0) * 16,
-                                          xs0 + reg * xsn + (a - s0) * gps, lenp / 32, lenp / P.group, lane, acc);
+                walk<B, XF16, ONE, LG, T, false, true>(P, unit, 0, unit < units, a, e, false,
+                                                       smem + reg * xfn + (a - s0) * 16, xs0 + reg * xsn + (a - s0) * gps,
+                                                       lenp / 32, lenp / P.group, lane, acc);
             }
         }
         if (reg) {
