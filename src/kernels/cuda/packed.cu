@@ -61,9 +61,13 @@ constexpr int kPkRows = KEEL_CUDA_PACK_ROWS; /* rows of a tile (the mma m16 side
 
 /* Per-width constants: register ring depth (D - 1 spans of each of T tiles in flight). Two tiles side by side
  * (two independent decode and mma chains a warp, sharing each span's x fragments) fit 128 registers where
- * KEEL_PK_PAIRS allows them; with a third span at 2 bits, and at 3 bits in the split kernel's walk (SPLIT). */
-template <int B, int T, bool ONE, bool SPLIT = false> struct PGeo {
-    static constexpr int D = T == 1 ? (B < 5 ? 3 : 2) : ONE && (B == 2 || (SPLIT && B == 3)) ? 3 : 2;
+ * KEEL_PK_PAIRS allows them. Three spans where they fit sm_90's 128 registers without spills: one tile below 5 bits;
+ * in the split kernel's m = 1 walks (SPLIT) one tile up to 6 bits and at 8 bits with one group a span, two tiles
+ * at 2 and 3 bits and at 4-5 bits with one group a span. */
+template <int B, int T, bool ONE, int LG, bool SPLIT = false> struct PGeo {
+    static constexpr bool ONE_SPLIT = SPLIT && ONE;
+    static constexpr int D = T == 1 ? (B < 5 || (ONE_SPLIT && (B <= 6 || LG == 2)) ? 3 : 2)
+                                    : ONE && (B == 2 || (SPLIT && (B == 3 || (B <= 5 && LG == 2)))) ? 3 : 2;
 };
 
 /* log2 of the group's 32-code blocks: the compile-time walk a group takes */
@@ -313,7 +317,7 @@ template <int B, bool XF16, bool ONE, int LG, int T, bool PART, bool SPLIT = fal
 __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt, int s0, int s1, bool final,
                                      const uint4 *xf, const float *xs, int nblk, int ngc, int lane,
                                      float (*acc)[4]) {
-    constexpr int D = PGeo<B, T, ONE, SPLIT>::D;
+    constexpr int D = PGeo<B, T, ONE, LG, SPLIT>::D;
     const int nsp = s1 - s0, total = nt * nsp;
     if (total <= 0) return;
     const int g = lane >> 2, t = lane & 3;
