@@ -61,9 +61,9 @@ constexpr int kPkRows = KEEL_CUDA_PACK_ROWS; /* rows of a tile (the mma m16 side
 
 /* Per-width constants: register ring depth (D - 1 spans of each of T tiles in flight). Two tiles side by side
  * (two independent decode and mma chains a warp, sharing each span's x fragments) fit 128 registers where
- * KEEL_PK_PAIRS allows them. Three spans where they fit sm_90's 128 registers without spills: one tile below 5 bits;
- * in the split kernel's m = 1 walks (SPLIT) one tile up to 6 bits and at 8 bits with one group a span, two tiles
- * at 2 and 3 bits and at 4-5 bits with one group a span. */
+ * KEEL_PK_PAIRS allows them. Three spans where they fit sm_90's 128 registers without spills: one tile below 5 bits,
+ * two tiles at 2 bits (m = 1); in the split kernel's m = 1 walks (SPLIT) also one tile at 5-6 bits and at 8 bits with
+ * one group a span, two tiles at 3 bits and at 4-5 bits with one group a span. */
 template <int B, int T, bool ONE, int LG, bool SPLIT = false> struct PGeo {
     static constexpr bool ONE_SPLIT = SPLIT && ONE;
     static constexpr int D = T == 1 ? (B < 5 || (ONE_SPLIT && (B <= 6 || LG == 2)) ? 3 : 2)
