@@ -65,9 +65,9 @@ constexpr int kPkRows = KEEL_CUDA_PACK_ROWS; /* rows of a tile (the mma m16 side
  * two tiles at 2 bits (m = 1); in the split kernel's m = 1 walks (SPLIT) also one tile at 5-6 bits and at 8 bits with
  * one group a span, two tiles at 3 bits and at 4-5 bits with one group a span. */
 template <int B, int T, bool ONE, int LG, bool SPLIT = false> struct PGeo {
-    static constexpr bool ONE_SPLIT = SPLIT && ONE;
-    static constexpr int D = T == 1 ? (B < 5 || (ONE_SPLIT && (B <= 6 || LG == 2)) ? 3 : 2)
-                                    : ONE && (B == 2 || (SPLIT && (B == 3 || (B <= 5 && LG == 2)))) ? 3 : 2;
+    static constexpr bool S1 = SPLIT && ONE; /* the split kernel's m = 1 walks */
+    static constexpr int D = T == 1 ? (B < 5 || (S1 && (B <= 6 || LG == 2)) ? 3 : 2)
+                                    : (ONE && B == 2) || (S1 && (B == 3 || (B <= 5 && LG == 2))) ? 3 : 2;
 };
 
 /* log2 of the group's 32-code blocks: the compile-time walk a group takes */
