@@ -17,7 +17,7 @@ import sys
 
 
 def functions(path):
-    """{short name: [(address, text, control dict)]} of every function in a cuobjdump -sass listing."""
+    """{name: [(address, text, {write scoreboard, wait mask})]} of every function in a cuobjdump -sass listing."""
     out, cur, pend = {}, None, None
     for line in open(path):
         m = re.search(r"Function : (\S+)", line)
@@ -32,7 +32,7 @@ def functions(path):
         m = re.match(r"\s+/\* (0x[0-9a-f]+) \*/", line)
         if cur and pend and m:
             c = int(m.group(1), 16) >> 41
-            ctl = dict(stall=c & 15, wb=(c >> 5) & 7, rb=(c >> 8) & 7, wait=(c >> 11) & 63)
+            ctl = dict(wb=(c >> 5) & 7, wait=(c >> 11) & 63)
             out[cur].append((pend[0], pend[1], ctl))
             pend = None
     return out
@@ -47,9 +47,9 @@ def loops(ins):
             continue
         start = int(m.group(1), 16)
         body = [t for a, t, _ in ins if start <= a <= addr]
-        n = lambda op: sum(op in t for t in body)
-        if n("HMMA"):
-            res.append((start, addr, len(body), n("HMMA"), n("LDG"), n("LDS")))
+        hmma, ldg, lds = (sum(op in t for t in body) for op in ("HMMA", "LDG", "LDS"))
+        if hmma:
+            res.append((start, addr, len(body), hmma, ldg, lds))
     return res
 
 

@@ -59,8 +59,8 @@ constexpr int kPkRows = KEEL_CUDA_PACK_ROWS; /* rows of a tile (the mma m16 side
 #define KEEL_PK_PAIRS(B, ONE, LG) (KEEL_PK_ARCH_PAIRS && (B) <= ((ONE) ? 5 : 4) && (LG) >= 1)
 #endif
 
-/* Per-width constants: register ring depth (D - 1 spans of each of T tiles in flight). Two tiles side by side
- * (two independent decode and mma chains a warp, sharing each span's x fragments) fit 128 registers where
+/* Per-width constants: register ring depth (D spans of each of T tiles, D - K of them in flight). Two tiles side by
+ * side (two independent decode and mma chains a warp, sharing each span's x fragments) fit 128 registers where
  * KEEL_PK_PAIRS allows them. Three spans where they fit sm_90's 128 registers without spills: one tile below 5 bits,
  * two tiles at 2 bits (m = 1); in the split kernel's m = 1 walks (SPLIT) also one tile at 5-6 bits and at 8 bits with
  * one group a span, two tiles at 3 bits and at 4-5 bits with one group a span. K: spans loaded as one batch every K
@@ -312,7 +312,7 @@ template <int T> __device__ __forceinline__ void parts_meet(const PParams &P, in
 }
 
 /* A warp's walk over spans [s0, s1) of its units u0, u0 + step, ... (nt of them; unit u is tiles Tu..Tu + T - 1,
- * a tile past the last one reads tile Tu and stores nothing), D spans of each tile in flight across unit
+ * a tile past the last one reads tile Tu and stores nothing), its ring of D spans a tile (PGeo) running across unit
  * boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one unit,
  * a chunk of its k) leaves its sums in acc. SPLIT: packed_split's walk (its ring depth, PGeo). ptxas gives every
  * weight load of the ring one scoreboard, so a wait for the oldest span waits for all in flight; with K > 1 the
@@ -352,7 +352,7 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
         }
     };
 #pragma unroll
-    for (int d = 0; d < (K > 1 ? K : D - 1); d++)
+    for (int d = 0; d < D - K; d++)
         if (d < total) load(buf[d]);
     /* the compute cursor: the unit's ordinal, the spans left in it, its x fragments and x sums */
     int ct = 0, cleft = nsp;
@@ -368,17 +368,14 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
             if (q >= total) break;
             {
 #endif
-                if constexpr (K > 1) {
-                    if (d % K == 0) {
-                        /* a zero (ydt_bf16 is 0 or 1) the compiler cannot prove, from this span's codes: the next
-                         * batch's loads go out after this span's wait, so that wait does not cover them */
-                        lp += buf[d][0].c[0] & ((uint32_t)P.ydt_bf16 >> 1);
+                if (d % K == 0) { /* spans q + D - K .. q + D - 1 into the slots of the K spans before q */
+                    /* K > 1: a zero (ydt_bf16 is 0 or 1) the compiler cannot prove, from this span's codes, so the
+                     * batch's loads go out after this span's wait and that wait does not cover them */
+                    if constexpr (K > 1) lp += buf[d][0].c[0] & ((uint32_t)P.ydt_bf16 >> 1);
 #pragma unroll
-                        for (int j = 0; j < K; j++)
-                            if (q + K + j < total) load(buf[(d + K + j) % D]);
-                    }
-                } else if (q + D - 1 < total)
-                    load(buf[(d + D - 1) % D]);
+                    for (int j = 0; j < K; j++)
+                        if (q + D - K + j < total) load(buf[(d + D - K + j) % D]);
+                }
                 span_body<B, XF16, ONE, LG, T>(buf[d], xp, xsw, xsa, xsb, acc);
                 xp += 16, xsa += 4 >> LG, xsb += 4 >> LG; /* four blocks: 16 fragments, 4 / 2^LG groups */
                 if (--cleft == 0) {
