@@ -189,9 +189,10 @@ static void reference(const keel_contract_reg *reg, const hcase *h, double *ref,
  * ng - 1 group adds, and one per k-split slice (the partials added in slice order). */
 int keel_contract_mma_roundings(int group, int k, int splits) { return 9 * group / 8 + k / group + splits + 5; }
 
-/* The offset M a tensor-core tile's operand codes keep (q + M; M sum(x) taken off S at each group end): 128 with
- * bf16 activations at 2-6 bits, else 0. A term's magnitude is then |x|(|s|(q + 2M) + |b|): the mma sums |x|(q + M),
- * and M |s| times the group's sum of x, whose own roundings the G-long chain already counts. */
+/* The offset M a tensor-core tile's operand codes keep at most (q + M; M sum(x) taken off S at each group end, or at
+ * 2 bits each code's place offset, at most M, summed with x): 128 with bf16 activations at 2-6 bits, else 0. A
+ * term's magnitude is then |x|(|s|(q + 2M) + |b|): the mma sums |x|(q + M), and M |s| times the group's sum of x,
+ * whose own roundings the G-long chain already counts. */
 double keel_contract_mma_offset(int bits, keel_dtype xdt) { return xdt == KEEL_DT_BF16 && bits != 8 ? 128.0 : 0.0; }
 
 /* ---- guarded launches ------------------------------------------------------------------------------ */

@@ -70,6 +70,9 @@ template <int B, int T, bool ONE, int LG, bool SPLIT = false> struct PGeo {
     static constexpr int K = S1 && T == 1 && B <= 3 ? 2 : 1;
     static constexpr int D = K > 1 ? 2 * K : T == 1 ? (B < 5 || (S1 && (B <= 6 || LG == 2)) ? 3 : 2)
                                     : (ONE && B == 2) || (S1 && (B == 3 || (B <= 5 && LG == 2))) ? 3 : 2;
+    /* steps a walk's loop unrolls: 2D in the split kernel's three-span m = 1 walks at 4-8 bits (but 5 bits group
+     * 128), where ptxas then waits every other step; D elsewhere */
+    static constexpr int U = S1 && K == 1 && D == 3 && B >= 4 && !(B == 5 && LG == 2) ? 2 * D : D;
 };
 
 /* log2 of the group's 32-code blocks: the compile-time walk a group takes */
@@ -241,19 +244,15 @@ __device__ __forceinline__ void span_body(const Span<B> *Sp, const uint4 *xb, in
             const uint32_t w0 = S.s[2 * gs], w1 = S.s[2 * gs + 1];
             const float s0 = kp_bf16_to_f32(w0 & 0xffffu), b0v = kp_bf16_to_f32(w0 >> 16);
             const float s1 = kp_bf16_to_f32(w1 & 0xffffu), b1v = kp_bf16_to_f32(w1 >> 16);
-            const float xs0 = xsa[gs];
-            if constexpr (kOffset<B, XF16> != 0.f) { /* the codes' offset out: one rounding (kOffset * xs is exact) */
-                Sm[0] = __fmaf_rn(-kOffset<B, XF16>, xs0, Sm[0]);
-                Sm[2] = __fmaf_rn(-kOffset<B, XF16>, xs0, Sm[2]);
-            }
+            const float xs0 = xsa[gs * kXsw<B>], os0 = place_sum<B, XF16>(xsa, gs);
+            Sm[0] = offset_out<B, XF16>(Sm[0], xs0, os0); /* the codes' offset out */
+            Sm[2] = offset_out<B, XF16>(Sm[2], xs0, os0);
             acc[0] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b0v), xs0, __fmaf_rn(s0, Sm[0], acc[0]));
             acc[2] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b1v), xs0, __fmaf_rn(s1, Sm[2], acc[2]));
             if constexpr (!ONE) {
-                const float xs1 = xsb[gs];
-                if constexpr (kOffset<B, XF16> != 0.f) {
-                    Sm[1] = __fmaf_rn(-kOffset<B, XF16>, xs1, Sm[1]);
-                    Sm[3] = __fmaf_rn(-kOffset<B, XF16>, xs1, Sm[3]);
-                }
+                const float xs1 = xsb[gs * kXsw<B>], os1 = place_sum<B, XF16>(xsb, gs);
+                Sm[1] = offset_out<B, XF16>(Sm[1], xs1, os1);
+                Sm[3] = offset_out<B, XF16>(Sm[3], xs1, os1);
                 acc[1] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b0v), xs1, __fmaf_rn(s0, Sm[1], acc[1]));
                 acc[3] = __fmaf_rn(KEEL_PK_PLANT_BIAS(b1v), xs1, __fmaf_rn(s1, Sm[3], acc[3]));
             }
@@ -321,14 +320,14 @@ template <int B, bool XF16, bool ONE, int LG, int T, bool PART, bool SPLIT = fal
 __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt, int s0, int s1, bool final,
                                      const uint4 *xf, const float *xs, int nblk, int ngc, int lane,
                                      float (*acc)[4]) {
-    constexpr int D = PGeo<B, T, ONE, LG, SPLIT>::D, K = PGeo<B, T, ONE, LG, SPLIT>::K;
+    constexpr int D = PGeo<B, T, ONE, LG, SPLIT>::D, K = PGeo<B, T, ONE, LG, SPLIT>::K, U = PGeo<B, T, ONE, LG, SPLIT>::U;
     const int nsp = s1 - s0, total = nt * nsp;
     if (total <= 0) return;
     const int g = lane >> 2, t = lane & 3;
     const int gx = g < P.m ? g : 0, r0 = 2 * t < P.m ? 2 * t : 0, r1 = 2 * t + 1 < P.m ? 2 * t + 1 : 0;
     const uint4 *xrow = xf + gx * nblk * 4 + t;
     const int xsw = ONE ? 0 : (gx & 1) * 4;
-    const float *xsa0 = xs + r0 * ngc, *xsb0 = xs + r1 * ngc;
+    const float *xsa0 = xs + r0 * xs_stride(ngc, kXsw<B>), *xsb0 = xs + r1 * xs_stride(ngc, kXsw<B>);
     const long long tstride = (long long)P.ns * P.rec;
     /* from just past a unit's last span of the range to the next unit's first: units are step apart */
     const long long tjump = (long long)T * step * tstride - (long long)nsp * P.rec;
@@ -358,10 +357,10 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
     int ct = 0, cleft = nsp;
     const uint4 *xp = xrow;
     const float *xsa = xsa0, *xsb = xsb0;
-    for (int q0 = 0; q0 < total; q0 += D) {
+    for (int q0 = 0; q0 < total; q0 += U) {
 #pragma unroll
-        for (int d = 0; d < D; d++) {
-            const int q = q0 + d;
+        for (int dd = 0; dd < U; dd++) {
+            const int d = dd % D, q = q0 + dd;
 #if defined(__HIPCC__) /* HIP keeps the unrolled steps' buffer indices constant (no scratch) only without a break */
             if (q < total) {
 #else
@@ -377,7 +376,7 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
                         if (q + D - K + j < total) load(buf[(d + D - K + j) % D]);
                 }
                 span_body<B, XF16, ONE, LG, T>(buf[d], xp, xsw, xsa, xsb, acc);
-                xp += 16, xsa += 4 >> LG, xsb += 4 >> LG; /* four blocks: 16 fragments, 4 / 2^LG groups */
+                xp += 16, xsa += (4 >> LG) * kXsw<B>, xsb += (4 >> LG) * kXsw<B>; /* four blocks: 16 fragments, 4 / 2^LG groups */
                 if (--cleft == 0) {
                     cleft = nsp;
                     xp = xrow, xsa = xsa0, xsb = xsb0;
@@ -422,7 +421,7 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
             __syncthreads();
             stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, len, lenp, xf);
             __syncthreads();
-            stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, xf, xs);
+            stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, xf, xs, xs_stride(lenp / P.group, kXsw<B>));
             __syncthreads();
             walk<B, XF16, ONE, LG, T, PART>(P, unit, nw, nt, sr + c * spc, sr + c * spc + lenp / kSpan,
                                             c == nchunk - 1, xf, xs, lenp / 32, lenp / P.group, lane, acc);
@@ -433,7 +432,7 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
 
 /* Stages chunk c (lenp codes a region) of each of the R regions' x side by side (region h from span h * hs),
  * then their per-group sums. */
-template <bool XF16>
+template <int B, bool XF16>
 __device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int c, int lenp, uint4 *smem, size_t xfn,
                                             float *xs0, size_t xsn) {
     const int xsp = P.xk / kSpan;
@@ -443,7 +442,9 @@ __device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int
         stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, min(lenp, P.k - c0), lenp, smem + h * xfn);
     }
     __syncthreads();
-    for (int h = 0; h < R; h++) stage_xsum<kPkThreads, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn);
+    for (int h = 0; h < R; h++)
+        stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn,
+                                        xs_stride(lenp / P.group, kXsw<B>));
     __syncthreads();
 }
 
@@ -463,12 +464,12 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
     const int S = T == 2 ? 4 : P.split, slots = kPkWarps / R, per = T == 2 ? 1 : S / R;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, reg = warp / slots, slot = warp % slots;
     const int units = (P.tiles + T - 1) / T, hs = P.ns / R, hq = P.ns / S, xsp = P.xk / kSpan;
-    const int nchunk = T == 2 ? 1 : (hs + xsp - 1) / xsp, gps = 4 >> LG; /* groups a span */
-    const size_t xfn = (size_t)P.m * P.xk / 8, xsn = (size_t)P.m * (P.xk / P.group); /* a chunk's uint4s, sums */
+    const int nchunk = T == 2 ? 1 : (hs + xsp - 1) / xsp, gps = (4 >> LG) * kXsw<B>; /* x-sum floats a span */
+    const size_t xfn = (size_t)P.m * P.xk / 8, xsn = (size_t)P.m * xs_stride(P.xk / P.group, kXsw<B>); /* a chunk's uint4s, sums */
     float *xs0 = (float *)(smem + R * xfn);
     float *psum = xs0 + R * xsn; /* (R regions, slots, 32 lanes, per, T, 4) the parts' sums */
     kp_grid_wait(); /* x belongs to the previous kernel until now */
-    if (nchunk == 1) stage_parts<XF16>(P, R, hs, 0, P.xk, smem, xfn, xs0, xsn); /* one chunk: staged once */
+    if (nchunk == 1) stage_parts<B, XF16>(P, R, hs, 0, P.xk, smem, xfn, xs0, xsn); /* one chunk: staged once */
     for (int base = blockIdx.x * slots; base < units; base += gridDim.x * slots) {
         const int unit = base + slot, bq = reg * hs + hq; /* bq: the second part's first span (per = 2) */
         float *mine = psum + ((size_t)(reg * slots + slot) * 32 + lane) * per * T * 4; /* this warp's parts */
@@ -477,7 +478,7 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
         for (int u = 0; u < T; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
         for (int c = 0; c < nchunk; c++) {
             const int lenp = min(P.xk, (hs - c * xsp) * kSpan), s0 = reg * hs + c * xsp, s1 = s0 + lenp / kSpan;
-            if (nchunk > 1) stage_parts<XF16>(P, R, hs, c, lenp, smem, xfn, xs0, xsn);
+            if (nchunk > 1) stage_parts<B, XF16>(P, R, hs, c, lenp, smem, xfn, xs0, xsn);
             /* the chunk's spans in segments that end at the second part's start (one walk call: inlined once) */
             for (int a = s0, e; a < s1; a = e) {
                 e = per == 2 && a < bq && bq < s1 ? bq : s1;
@@ -578,10 +579,11 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed_
     run_lg<B, XF16, false, true>(P, pk_lg(P.group), pk_smem, (float *)(pk_smem + (size_t)P.m * P.xk / 8));
 }
 
-/* Shared memory of a launch staging R x regions (1 unsplit): R chunks of x, their sums and a split's parts' sums. */
-static size_t pk_smem_bytes(const PParams &P, int R) {
+/* Shared memory of a launch staging R x regions (1 unsplit): R chunks of x, their sums (W floats a group and row)
+ * and a split's parts' sums. */
+static size_t pk_smem_bytes(const PParams &P, int R, int W) {
     const size_t psum = R > 1 ? (size_t)R * (kPkWarps / R) * 32 * (P.split / R) * (R == 4 ? 2 : 1) * 4 * 4 : 0;
-    return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * (P.xk / P.group) * 4) + psum;
+    return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * xs_stride(P.xk / P.group, W) * 4) + psum;
 }
 
 /* The most shared memory one block of the current device may have (opt-in), in bytes. */
@@ -662,13 +664,15 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
         /* quarters at m = 1 with whole x, where the width has pairs: four regions, two tiles a warp; else two
          * regions (halves) of x-chunks as long as shared memory allows */
         Q.xk = P.kp / 4;
-        Q.pairs = can && P.split == 4 && P.m == 1 && Q.xk <= most / 4 && pk_smem_bytes(Q, 4) <= cap;
+        Q.pairs = can && P.split == 4 && P.m == 1 && Q.xk <= most / 4 && pk_smem_bytes(Q, 4, kXsw<B>) <= cap;
         if (!Q.pairs) {
             Q.xk = P.kp / 2 <= most / 2 ? P.kp / 2 : most / 2 / kSpan * kSpan;
-            while (pk_smem_bytes(Q, 2) > cap) Q.xk -= kSpan;
+            while (pk_smem_bytes(Q, 2, kXsw<B>) > cap) Q.xk -= kSpan;
         }
     }
-    const size_t smem = pk_smem_bytes(Q, !P.split || parts ? 1 : Q.pairs ? 4 : 2);
+    const int R = !P.split || parts ? 1 : Q.pairs ? 4 : 2;
+    while (R == 1 && pk_smem_bytes(Q, 1, kXsw<B>) > cap) Q.xk -= kSpan; /* 2 bits: two sums a group */
+    const size_t smem = pk_smem_bytes(Q, R, kXsw<B>);
     KEEL_ASSERT(Q.xk >= kSpan && smem <= cap);
     int bps = 0;
     for (int i = 0; i < nocc && i < kPkOcc; i++)

@@ -69,14 +69,20 @@ constexpr int kRowsPerWarp = 16;
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 constexpr int kSmemBytes = 65536;         /* dynamic shared memory of every block (gfx1030's limit) */
 constexpr int kXBytes = 16384;            /* staged x fragments per block */
-constexpr int kXSums = 256;               /* per-group x sums per x-chunk (chunk codes / 32 * m <= 256) */
+constexpr int kXSums = 256;               /* per-group x-sum entries per x-chunk (chunk codes / 32 * m <= 256) */
 constexpr int kQuad = 128;                /* k-split granularity: a multiple of every group size */
 constexpr int kChunkUnit = 256;           /* x-chunks are multiples of every stage length */
 constexpr int kMaxRows = KEEL_CUDA_STREAM_MAX_ROWS;
 constexpr int kMaxStages = 8;             /* ring depth cap (cp.async.wait_group immediates up to 6) */
 constexpr int kLongSlice = 2048;        /* codes of a slice worth halving when the grid stays one wave */
 constexpr int kFoldMax = 64;              /* partials per output the last block adds itself (more: stream_finish) */
-constexpr int kWarpBytes = (kSmemBytes - kXBytes - kXSums * 4) / kWarps; /* a warp's table and ring */
+/* floats of the x-sum table: kXsw an entry, two-float rows padded (xs_stride: 4 floats a row, 8 rows); a multiple
+ * of 16 so the warps' regions stay 16-byte aligned */
+template <int B> constexpr int kXsFloats = kXsw<B> == 1 ? kXSums : kXSums * kXsw<B> + 32;
+template <int B> __device__ __forceinline__ int xs_stride_b(int ngc) { return xs_stride(ngc, kXsw<B>); }
+/* a warp's table and ring */
+template <int B> constexpr int kWarpBytes = (kSmemBytes - kXBytes - kXsFloats<B> * 4) / kWarps;
+static_assert(kWarpBytes<2> % 16 == 0 && kWarpBytes<4> % 16 == 0, "the warps' regions stay 16-byte aligned");
 
 enum { SDT_BF16 = 0, SDT_F16 = 1, SDT_F32 = 2 };
 enum { MODE_STORE = 0, MODE_REDUCE = 1 };
@@ -92,7 +98,7 @@ template <int B> struct Geo {
     static constexpr int CW = kRowsPerWarp * RS + 4;         /* code words per stage (+ read slack) */
     static constexpr int SBR = NBC + 1;                      /* fp32 (scale, bias) pairs per row, padded */
     static constexpr int SBF = kRowsPerWarp * SBR * 8;       /* bytes of the warp's (scale, bias) table */
-    static constexpr int RING = (kWarpBytes - SBF) / 4;      /* words of the warp's ring */
+    static constexpr int RING = (kWarpBytes<B> - SBF) / 4;   /* words of the warp's ring */
 };
 
 struct Params {
@@ -315,20 +321,17 @@ __device__ __forceinline__ void stage_body(const uint32_t *ra, const uint32_t *r
             kp_mma_16816<XF16>(S, a0, b0);
             kp_mma_16816<XF16>(S, a1, b1);
         }
+        constexpr int W = kXsw<B>;
         const float2 s0 = sa[gs], s1 = sb[gs];
-        const float xs0 = xs0ok ? xsa[gs] : 0.f;
-        if constexpr (kOffset<B, XF16> != 0.f) { /* the codes' offset out: one rounding (kOffset * xs is exact) */
-            S[0] = __fmaf_rn(-kOffset<B, XF16>, xs0, S[0]);
-            S[2] = __fmaf_rn(-kOffset<B, XF16>, xs0, S[2]);
-        }
+        const float xs0 = xs0ok ? xsa[gs * W] : 0.f, os0 = xs0ok ? place_sum<B, XF16>(xsa, gs) : 0.f;
+        S[0] = offset_out<B, XF16>(S[0], xs0, os0); /* the codes' offset out */
+        S[2] = offset_out<B, XF16>(S[2], xs0, os0);
         acc[0] = KEEL_PLANT_GROUP_END(acc[0], s0.x, S[0], KEEL_PLANT_BIAS(s0.y), xs0, epi);
         acc[2] = KEEL_PLANT_GROUP_END(acc[2], s1.x, S[2], KEEL_PLANT_BIAS(s1.y), xs0, epi);
         if constexpr (!ONE) { /* columns 2t + 1: activation rows 1, 3, 5, 7, none of them live when m = 1 */
-            const float xs1 = xs1ok ? xsb[gs] : 0.f;
-            if constexpr (kOffset<B, XF16> != 0.f) {
-                S[1] = __fmaf_rn(-kOffset<B, XF16>, xs1, S[1]);
-                S[3] = __fmaf_rn(-kOffset<B, XF16>, xs1, S[3]);
-            }
+            const float xs1 = xs1ok ? xsb[gs * W] : 0.f, os1 = xs1ok ? place_sum<B, XF16>(xsb, gs) : 0.f;
+            S[1] = offset_out<B, XF16>(S[1], xs1, os1);
+            S[3] = offset_out<B, XF16>(S[3], xs1, os1);
             acc[1] = KEEL_PLANT_GROUP_END(acc[1], s0.x, S[1], KEEL_PLANT_BIAS(s0.y), xs1, epi);
             acc[3] = KEEL_PLANT_GROUP_END(acc[3], s1.x, S[3], KEEL_PLANT_BIAS(s1.y), xs1, epi);
         }
@@ -388,14 +391,14 @@ __device__ __forceinline__ void finish_out(const Params &P, int o, int r, int ro
 
 /* A new x-chunk at k0 for the block (every warp is done with the last one): x in fragment order, then its group
  * sums. Returns the chunk's blocks of 32 codes (whole stages of SK codes). */
-template <int SK, bool XF16>
+template <int B, bool XF16, int SK = Geo<B>::SK>
 __device__ __forceinline__ int next_chunk(const Params &P, const uint16_t *__restrict__ x, uint32_t mask, int k0, int ke,
                                           uint4 *xf, float *xs) {
     __syncthreads();
     const int len = min(P.xk, ke - k0), lenp = (len + SK - 1) / SK * SK;
     stage_x<kThreads>(P.m, P.k, x, mask, k0, len, lenp, xf);
     __syncthreads();
-    stage_xsum<kThreads, XF16>(P.m, P.group, lenp, xf, xs);
+    stage_xsum<kThreads, B, XF16>(P.m, P.group, lenp, xf, xs, xs_stride_b<B>(lenp / P.group));
     __syncthreads();
     return lenp >> 5;
 }
@@ -427,7 +430,7 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
     for (int s = 0; s < nstage; s++) {
         const int k0 = Q.ks + s * G::SK;
         if (P.pfs && s > 0 && s % P.pfs == 0) prefetch_chunk<B>(P, Q, s / P.pfs + 1, lane);
-        if (kc == 0) nblk = next_chunk<G::SK, XF16>(P, x, mask, k0, Q.ke, xf, xs);
+        if (kc == 0) nblk = next_chunk<B, XF16>(P, x, mask, k0, Q.ke, xf, xs);
         /* stage s + nst - 1 goes into the slot stage s - 1 used; a ring of one slot (F32 scales, group 32, wide
          * codes) copies stage s itself, then waits for it */
         if (nst > 1) kp_cp_wait_dyn(nst - 2);
@@ -459,7 +462,8 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
             const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
             const uint4 *xfb = xf + (g * nblk + (kc >> 5)) * 4 + t;
             const int xsw = (g & 1) * 4;
-            const float *xsa = xs + 2 * t * ngc + (kc >> lg), *xsb = xsa + ngc;
+            const float *xsa = xs + 2 * t * xs_stride_b<B>(ngc) + (kc >> lg) * kXsw<B>;
+            const float *xsb = xsa + xs_stride_b<B>(ngc);
             const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
             if (lbpg == 0)
                 stage_body<B, XF16, 1>(ra, rb, tsh, xfb, xsw, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
@@ -552,7 +556,7 @@ __device__ __forceinline__ void stream_loop_fast(const Params &P, const Prod<B> 
     int kc = 0, slot_i = 0, nblk = 0; /* position in the x-chunk; ring slot of stage s; the chunk's blocks */
     for (int s = 0; s < nstage; s++) {
         const int k0 = Q.ks + s * G::SK;
-        if (kc == 0) nblk = next_chunk<G::SK, XF16>(P, x, mask, k0, Q.ke, xf, xs);
+        if (kc == 0) nblk = next_chunk<B, XF16>(P, x, mask, k0, Q.ke, xf, xs);
         kp_cp_wait_dyn(nst - 2);
         kp_syncwarp(); /* stage s has landed for every lane; every lane is done with stage s - 1 */
         const int next = slot_i + nst - 1 < nst ? slot_i + nst - 1 : slot_i - 1;
@@ -571,7 +575,8 @@ __device__ __forceinline__ void stream_loop_fast(const Params &P, const Prod<B> 
             const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
             const uint4 *xfb = xf + (gx * nblk + (kc >> 5)) * 4 + t;
             const int xsw = ONE ? 0 : (gx & 1) * 4;
-            const float *xsa = xs + r0 * ngc + (kc >> LG), *xsb = xs + r1 * ngc + (kc >> LG);
+            const float *xsa = xs + r0 * xs_stride_b<B>(ngc) + (kc >> LG) * kXsw<B>;
+            const float *xsb = xs + r1 * xs_stride_b<B>(ngc) + (kc >> LG) * kXsw<B>;
             const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
             stage_body<B, XF16, BPG, ONE>(ra, rb, tsh, xfb, xsw, true, xsa, xsb, true, true, sa, sb, P.epi, acc);
         }
@@ -600,11 +605,11 @@ __global__ void __launch_bounds__(kThreads, KEEL_STREAM_MIN_BLOCKS) stream_tile(
     using G = Geo<B>;
     extern __shared__ uint4 smem_raw[];
     uint4 *xf = smem_raw;                                      /* kXBytes of fragments */
-    float *xs = (float *)(smem_raw + kXBytes / 16);           /* kXSums */
+    float *xs = (float *)(smem_raw + kXBytes / 16);           /* kXSums entries */
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
     kp_grid_release(); /* the next launch on the stream may start its own weight prefetch now */
     if (P.items) kp_grid_wait(); /* the routed list is the previous kernel's output */
-    uint8_t *wsm = (uint8_t *)(xs + kXSums) + warp * kWarpBytes;
+    uint8_t *wsm = (uint8_t *)(xs + kXsFloats<B>) + warp * kWarpBytes<B>;
     float2 *sbf = (float2 *)wsm;                               /* the warp's (scale, bias) table */
     uint32_t *ring = (uint32_t *)(wsm + G::SBF);               /* then its ring of P.nst slots */
 

@@ -17,18 +17,54 @@ __device__ __forceinline__ void store_out(void *y, long long i, float v, int bf1
         ((float *)y)[i] = v;
 }
 
-/* The offset the decoded codes of a width keep (q + kOffset): bf16 activations at 2-6 bits leave the magic 128
- * in (the group end takes 128 sum(x) off S); f16 (magic 1024) and 8 bits remove it per code pair. */
-template <int B, bool XF16> constexpr float kOffset = (!XF16 && B != 8) ? 128.f : 0.f;
+/* The offset the decoded codes of a width keep (q + kOffset): bf16 activations at 3-6 bits leave the magic 128
+ * in (the group end takes 128 sum(x) off S); f16 (magic 1024) and 8 bits remove it per code pair; bf16 at 2 bits
+ * keeps an offset by the code's place (kPlaceOffset), which the group end takes off as its own x sum. */
+template <int B, bool XF16> constexpr float kOffset = (!XF16 && B != 8 && B > 2) ? 128.f : 0.f;
+template <int B, bool XF16> constexpr bool kPlaced = !XF16 && B == 2;
+
+/* Floats of a (row, group) entry of the x-sum table: sum(x), then at 2 bits the place-offset sum (stage_xsum). */
+template <int B> constexpr int kXsw = B == 2 ? 2 : 1;
+
+/* The bf16 2-bit decode's offset of operand word i's codes (i and i + 4 of 8): a code at mantissa bit p under the
+ * exponent 2^(7 - p) reads 2^(7 - p) + c, so each code is one and-or of its place (bits 0, 2, 4 under 128, 32, 8;
+ * bits 6 moved to 2 under 32), no shift but one. */
+__host__ __device__ constexpr float kPlaceOffset(int i) { return i == 0 ? 128.f : i == 2 ? 8.f : 32.f; }
 
 /* Codes c0..c3 at bits B*i of w and c4..c7 at 16 + B*i (B <= 4) as codes_to_pairs's four operand words. */
 template <int B, bool XF16> __device__ __forceinline__ void halves_to_pairs(uint32_t w, uint32_t p[4]) {
     constexpr uint32_t magic = XF16 ? 0x64006400u : 0x43004300u, mm = ((1u << B) - 1u) * 0x00010001u;
+    if constexpr (kPlaced<B, XF16>) { /* kPlaceOffset */
+        p[0] = kp_and_or(w, 0x00030003u, 0x43004300u);
+        p[1] = kp_and_or(w, 0x000c000cu, 0x42004200u);
+        p[2] = kp_and_or(w, 0x00300030u, 0x41004100u);
+        p[3] = kp_and_or(w >> 4, 0x000c000cu, 0x42004200u);
+    } else {
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t q = kp_and_or(w >> (B * i), mm, magic);
-        p[i] = XF16 ? kp_sub_f16x2(q, magic) : q; /* bf16: 128 + c kept */
+        for (int i = 0; i < 4; i++) {
+            const uint32_t q = kp_and_or(w >> (B * i), mm, magic);
+            p[i] = XF16 ? kp_sub_f16x2(q, magic) : q; /* bf16: 128 + c kept */
+        }
     }
+}
+
+/* The group end's S with the codes' offset out, from the group's sum(x) xs and place-offset sum os (stage_xsum):
+ * one rounding either way (kOffset * xs is exact). */
+template <int B, bool XF16> __device__ __forceinline__ float offset_out(float S, float xs, float os) {
+    if constexpr (kPlaced<B, XF16>) return __fadd_rn(S, -os);
+    else if constexpr (kOffset<B, XF16> != 0.f) return __fmaf_rn(-kOffset<B, XF16>, xs, S);
+    else return S;
+}
+
+/* The row stride of an x-sum table (ngc groups of W floats a row): two-float rows padded by 4 floats, so the rows 2t
+ * (and 2t + 1) that a quad's four lanes read at once fall in four different bank pairs (4-way conflicts cost 2-bit
+ * m = 8 at group 32 a fifth of its time); one-float rows as they were (a pad spilled registers in their walks). */
+__host__ __device__ constexpr int xs_stride(int ngc, int W) { return W == 1 ? ngc : ngc * W + 4; }
+
+/* Entry i's place-offset sum in an x-sum table (0 where the width has none). */
+template <int B, bool XF16> __device__ __forceinline__ float place_sum(const float *xs, int i) {
+    if constexpr (kPlaced<B, XF16>) return xs[i * kXsw<B> + 1];
+    else return 0.f;
 }
 
 /* Two words of B-bit codes (B = 5, 6) at bits 0, B | 16, 16 + B: w1 codes 0, 1 | 4, 5 and w2 codes 2, 3 | 6, 7, as
@@ -42,7 +78,8 @@ template <int B, bool XF16> __device__ __forceinline__ void wide_to_pairs(uint32
 }
 
 /* The 8 codes c0..c7 of one thread (bits B each, LSB first in v) as four operand words, word i holding
- * (c_i + kOffset, c_{i+4} + kOffset) as exact bf16 or f16 integers: or-ed under a magic exponent. */
+ * (c_i + kOffset, c_{i+4} + kOffset) (bf16 at 2 bits: + kPlaceOffset(i)) as exact bf16 or f16 integers: or-ed
+ * under a magic exponent. */
 template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsigned long long v, uint32_t p[4]) {
     constexpr uint32_t magic = XF16 ? 0x64006400u : 0x43004300u;
     if constexpr (B == 8) {
@@ -111,15 +148,17 @@ template <bool XF16> __device__ __forceinline__ float xval(uint32_t h) {
     return XF16 ? kp_f16_to_f32((uint16_t)h) : kp_bf16_to_f32((uint16_t)h);
 }
 
-/* Per-group sums of x of the staged chunk (xs[row * len/group + group]): lane t of four sums the codes 8t..8t+7
- * of each block of the group (blocks in order, elements in a fixed order), then the four lanes add in a fixed
- * tree. The order depends on the group alone, never on m or the chunking. */
-template <int NT, bool XF16>
-__device__ __forceinline__ void stage_xsum(int m, int group, int len, const uint4 *xf, float *xs) {
+/* Per-group sums of x of the staged chunk (entry (row, group) at xs[row * rs + group * kXsw<B>]): lane t
+ * of four sums the codes 8t..8t+7 of each block of the group (blocks in order, elements in a fixed order), then the
+ * four lanes add in a fixed tree; at 2 bits the same for x times its place's offset (exact products). The order
+ * depends on the group alone, never on m or the chunking. */
+template <int NT, int B, bool XF16>
+__device__ __forceinline__ void stage_xsum(int m, int group, int len, const uint4 *xf, float *xs, int rs) {
+    constexpr int W = kXsw<B>;
     const int ngc = len / group, nsum = ngc * m, bpg = group / 32, nblk = len / 32;
     for (int base = 0; base < nsum * 4; base += NT) { /* uniform trip count: every lane shuffles */
         const int e = base + threadIdx.x, u = e >> 2, t = e & 3, r = u % m, gl = u / m;
-        float acc = 0.f;
+        float acc = 0.f, off = 0.f;
         if (u < nsum) {
             for (int b = 0; b < bpg; b++) {
                 const uint4 v = xf[xf_at(r, gl * bpg + b, t, nblk)];
@@ -128,11 +167,24 @@ __device__ __forceinline__ void stage_xsum(int m, int group, int len, const uint
                 for (int i = 0; i < 4; i++) acc = __fadd_rn(acc, xval<XF16>(q[i] & 0xffffu));
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc = __fadd_rn(acc, xval<XF16>(q[i] >> 16));
+                if constexpr (W == 2) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) off = __fmaf_rn(kPlaceOffset(i), xval<XF16>(q[i] & 0xffffu), off);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) off = __fmaf_rn(kPlaceOffset(i), xval<XF16>(q[i] >> 16), off);
+                }
             }
         }
         acc = __fadd_rn(acc, __uint_as_float(kp_shfl_xor(__float_as_uint(acc), 1)));
         acc = __fadd_rn(acc, __uint_as_float(kp_shfl_xor(__float_as_uint(acc), 2)));
-        if (u < nsum && t == 0) xs[r * ngc + gl] = acc;
+        if constexpr (W == 2) {
+            off = __fadd_rn(off, __uint_as_float(kp_shfl_xor(__float_as_uint(off), 1)));
+            off = __fadd_rn(off, __uint_as_float(kp_shfl_xor(__float_as_uint(off), 2)));
+        }
+        if (u < nsum && t == 0) {
+            xs[r * rs + gl * W] = acc;
+            if constexpr (W == 2) xs[r * rs + gl * W + 1] = off;
+        }
     }
 }
 

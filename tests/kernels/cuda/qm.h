@@ -106,8 +106,8 @@ static inline double xval(const uint16_t *x, size_t i, keel_dtype xdt) {
 }
 
 /* float64 reference of row r, column j, and the magnitude the kernel's arithmetic sums: sum |x|(|s|(q + 2M) + |b|),
- * M the offset the tile's codes keep (keel_contract_mma_offset; the mma sums x(q + M), the group end takes M sum(x)
- * off). */
+ * M the offset the tile's codes keep at most (keel_contract_mma_offset; the mma sums x(q + M), the group end takes
+ * M sum(x) off). */
 static inline double ref_dot(const qm *q, const uint16_t *x, keel_dtype xdt, int r, int j, double *mag) {
     const double off = keel_contract_mma_offset(q->bits, xdt);
     double acc = 0, a = 0;
