@@ -57,8 +57,8 @@ template <int B, bool XF16> __device__ __forceinline__ float offset_out(float S,
 }
 
 /* The row stride of an x-sum table (ngc groups of W floats a row): two-float rows padded by 4 floats, so the rows 2t
- * (and 2t + 1) that a quad's four lanes read at once fall in four different bank pairs (4-way conflicts cost 2-bit
- * m = 8 at group 32 a fifth of its time); one-float rows as they were (a pad spilled registers in their walks). */
+ * (and 2t + 1) that a quad's four lanes read at once fall in four different bank pairs; one-float rows unpadded (a
+ * pad there gained nothing and cost registers: docs/stream-tiles.md). */
 __host__ __device__ constexpr int xs_stride(int ngc, int W) { return W == 1 ? ngc : ngc * W + 4; }
 
 /* Entry i's place-offset sum in an x-sum table (0 where the width has none). */
