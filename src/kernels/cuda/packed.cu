@@ -327,7 +327,7 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
     const int gx = g < P.m ? g : 0, r0 = 2 * t < P.m ? 2 * t : 0, r1 = 2 * t + 1 < P.m ? 2 * t + 1 : 0;
     const uint4 *xrow = xf + gx * nblk * 4 + t;
     const int xsw = ONE ? 0 : (gx & 1) * 4;
-    const float *xsa0 = xs + r0 * xs_stride(ngc, kXsw<B>), *xsb0 = xs + r1 * xs_stride(ngc, kXsw<B>);
+    const float *xsa0 = xs + r0 * xs_stride<B>(ngc), *xsb0 = xs + r1 * xs_stride<B>(ngc);
     const long long tstride = (long long)P.ns * P.rec;
     /* from just past a unit's last span of the range to the next unit's first: units are step apart */
     const long long tjump = (long long)T * step * tstride - (long long)nsp * P.rec;
@@ -421,7 +421,7 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
             __syncthreads();
             stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, len, lenp, xf);
             __syncthreads();
-            stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, xf, xs, xs_stride(lenp / P.group, kXsw<B>));
+            stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, xf, xs);
             __syncthreads();
             walk<B, XF16, ONE, LG, T, PART>(P, unit, nw, nt, sr + c * spc, sr + c * spc + lenp / kSpan,
                                             c == nchunk - 1, xf, xs, lenp / 32, lenp / P.group, lane, acc);
@@ -442,9 +442,7 @@ __device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int
         stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, min(lenp, P.k - c0), lenp, smem + h * xfn);
     }
     __syncthreads();
-    for (int h = 0; h < R; h++)
-        stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn,
-                                        xs_stride(lenp / P.group, kXsw<B>));
+    for (int h = 0; h < R; h++) stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn);
     __syncthreads();
 }
 
@@ -465,7 +463,7 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, reg = warp / slots, slot = warp % slots;
     const int units = (P.tiles + T - 1) / T, hs = P.ns / R, hq = P.ns / S, xsp = P.xk / kSpan;
     const int nchunk = T == 2 ? 1 : (hs + xsp - 1) / xsp, gps = (4 >> LG) * kXsw<B>; /* x-sum floats a span */
-    const size_t xfn = (size_t)P.m * P.xk / 8, xsn = (size_t)P.m * xs_stride(P.xk / P.group, kXsw<B>); /* a chunk's uint4s, sums */
+    const size_t xfn = (size_t)P.m * P.xk / 8, xsn = (size_t)P.m * xs_stride<B>(P.xk / P.group); /* a chunk's uint4s, sums */
     float *xs0 = (float *)(smem + R * xfn);
     float *psum = xs0 + R * xsn; /* (R regions, slots, 32 lanes, per, T, 4) the parts' sums */
     kp_grid_wait(); /* x belongs to the previous kernel until now */
@@ -579,11 +577,11 @@ __global__ void __launch_bounds__(kPkThreads, KEEL_PK_MIN_BLOCKS) stream_packed_
     run_lg<B, XF16, false, true>(P, pk_lg(P.group), pk_smem, (float *)(pk_smem + (size_t)P.m * P.xk / 8));
 }
 
-/* Shared memory of a launch staging R x regions (1 unsplit): R chunks of x, their sums (W floats a group and row)
- * and a split's parts' sums. */
-static size_t pk_smem_bytes(const PParams &P, int R, int W) {
+/* Shared memory of a launch staging R x regions (1 unsplit): R chunks of x, their sums (xs_stride) and a split's
+ * parts' sums. */
+template <int B> static size_t pk_smem_bytes(const PParams &P, int R) {
     const size_t psum = R > 1 ? (size_t)R * (kPkWarps / R) * 32 * (P.split / R) * (R == 4 ? 2 : 1) * 4 * 4 : 0;
-    return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * xs_stride(P.xk / P.group, W) * 4) + psum;
+    return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * xs_stride<B>(P.xk / P.group) * 4) + psum;
 }
 
 /* The most shared memory one block of the current device may have (opt-in), in bytes. */
@@ -664,15 +662,14 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
         /* quarters at m = 1 with whole x, where the width has pairs: four regions, two tiles a warp; else two
          * regions (halves) of x-chunks as long as shared memory allows */
         Q.xk = P.kp / 4;
-        Q.pairs = can && P.split == 4 && P.m == 1 && Q.xk <= most / 4 && pk_smem_bytes(Q, 4, kXsw<B>) <= cap;
-        if (!Q.pairs) {
-            Q.xk = P.kp / 2 <= most / 2 ? P.kp / 2 : most / 2 / kSpan * kSpan;
-            while (pk_smem_bytes(Q, 2, kXsw<B>) > cap) Q.xk -= kSpan;
-        }
+        Q.pairs = can && P.split == 4 && P.m == 1 && Q.xk <= most / 4 && pk_smem_bytes<B>(Q, 4) <= cap;
+        if (!Q.pairs) Q.xk = P.kp / 2 <= most / 2 ? P.kp / 2 : most / 2 / kSpan * kSpan;
     }
+    /* the chunk shrinks to what shared memory allows (the x sums and the halves' parts' sums beside x; the pairs'
+     * chunk was checked above) */
     const int R = !P.split || parts ? 1 : Q.pairs ? 4 : 2;
-    while (R == 1 && pk_smem_bytes(Q, 1, kXsw<B>) > cap) Q.xk -= kSpan; /* 2 bits: two sums a group */
-    const size_t smem = pk_smem_bytes(Q, R, kXsw<B>);
+    while (pk_smem_bytes<B>(Q, R) > cap) Q.xk -= kSpan;
+    const size_t smem = pk_smem_bytes<B>(Q, R);
     KEEL_ASSERT(Q.xk >= kSpan && smem <= cap);
     int bps = 0;
     for (int i = 0; i < nocc && i < kPkOcc; i++)

@@ -79,7 +79,6 @@ constexpr int kFoldMax = 64;              /* partials per output the last block 
 /* floats of the x-sum table: kXsw an entry, two-float rows padded (xs_stride: 4 floats a row, 8 rows); a multiple
  * of 16 so the warps' regions stay 16-byte aligned */
 template <int B> constexpr int kXsFloats = kXsw<B> == 1 ? kXSums : kXSums * kXsw<B> + 32;
-template <int B> __device__ __forceinline__ int xs_stride_b(int ngc) { return xs_stride(ngc, kXsw<B>); }
 /* a warp's table and ring */
 template <int B> constexpr int kWarpBytes = (kSmemBytes - kXBytes - kXsFloats<B> * 4) / kWarps;
 static_assert(kWarpBytes<2> % 16 == 0 && kWarpBytes<4> % 16 == 0, "the warps' regions stay 16-byte aligned");
@@ -398,7 +397,7 @@ __device__ __forceinline__ int next_chunk(const Params &P, const uint16_t *__res
     const int len = min(P.xk, ke - k0), lenp = (len + SK - 1) / SK * SK;
     stage_x<kThreads>(P.m, P.k, x, mask, k0, len, lenp, xf);
     __syncthreads();
-    stage_xsum<kThreads, B, XF16>(P.m, P.group, lenp, xf, xs, xs_stride_b<B>(lenp / P.group));
+    stage_xsum<kThreads, B, XF16>(P.m, P.group, lenp, xf, xs);
     __syncthreads();
     return lenp >> 5;
 }
@@ -462,8 +461,8 @@ __device__ __forceinline__ void stream_loop(const Params &P, const Prod<B> &Q, c
             const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
             const uint4 *xfb = xf + (g * nblk + (kc >> 5)) * 4 + t;
             const int xsw = (g & 1) * 4;
-            const float *xsa = xs + 2 * t * xs_stride_b<B>(ngc) + (kc >> lg) * kXsw<B>;
-            const float *xsb = xsa + xs_stride_b<B>(ngc);
+            const float *xsa = xs + 2 * t * xs_stride<B>(ngc) + (kc >> lg) * kXsw<B>;
+            const float *xsb = xsa + xs_stride<B>(ngc);
             const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
             if (lbpg == 0)
                 stage_body<B, XF16, 1>(ra, rb, tsh, xfb, xsw, xlive, xsa, xsb, xs0ok, xs1ok, sa, sb, P.epi, acc);
@@ -575,8 +574,8 @@ __device__ __forceinline__ void stream_loop_fast(const Params &P, const Prod<B> 
             const uint32_t *ra = slot + g * G::RS + tw, *rb = ra + 8 * G::RS;
             const uint4 *xfb = xf + (gx * nblk + (kc >> 5)) * 4 + t;
             const int xsw = ONE ? 0 : (gx & 1) * 4;
-            const float *xsa = xs + r0 * xs_stride_b<B>(ngc) + (kc >> LG) * kXsw<B>;
-            const float *xsb = xs + r1 * xs_stride_b<B>(ngc) + (kc >> LG) * kXsw<B>;
+            const float *xsa = xs + r0 * xs_stride<B>(ngc) + (kc >> LG) * kXsw<B>;
+            const float *xsb = xs + r1 * xs_stride<B>(ngc) + (kc >> LG) * kXsw<B>;
             const float2 *sa = sbf + g * G::SBR, *sb = sbf + (g + 8) * G::SBR;
             stage_body<B, XF16, BPG, ONE>(ra, rb, tsh, xfb, xsw, true, xsa, xsb, true, true, sa, sb, P.epi, acc);
         }

@@ -56,10 +56,12 @@ template <int B, bool XF16> __device__ __forceinline__ float offset_out(float S,
     else return S;
 }
 
-/* The row stride of an x-sum table (ngc groups of W floats a row): two-float rows padded by 4 floats, so the rows 2t
- * (and 2t + 1) that a quad's four lanes read at once fall in four different bank pairs; one-float rows unpadded (a
- * pad there gained nothing and cost registers: docs/stream-tiles.md). */
-__host__ __device__ constexpr int xs_stride(int ngc, int W) { return W == 1 ? ngc : ngc * W + 4; }
+/* The row stride of a width's x-sum table (ngc groups of kXsw floats a row): two-float rows padded by 4 floats, so
+ * the rows 2t (and 2t + 1) that a quad's four lanes read at once fall in four different bank pairs; one-float rows
+ * unpadded (a pad there gained nothing and cost registers: docs/stream-tiles.md). */
+template <int B> __host__ __device__ constexpr int xs_stride(int ngc) {
+    return kXsw<B> == 1 ? ngc : ngc * kXsw<B> + 4;
+}
 
 /* Entry i's place-offset sum in an x-sum table (0 where the width has none). */
 template <int B, bool XF16> __device__ __forceinline__ float place_sum(const float *xs, int i) {
@@ -148,14 +150,14 @@ template <bool XF16> __device__ __forceinline__ float xval(uint32_t h) {
     return XF16 ? kp_f16_to_f32((uint16_t)h) : kp_bf16_to_f32((uint16_t)h);
 }
 
-/* Per-group sums of x of the staged chunk (entry (row, group) at xs[row * rs + group * kXsw<B>]): lane t
+/* Per-group sums of x of the staged chunk (entry (row, group) at xs[row * xs_stride<B> + group * kXsw<B>]): lane t
  * of four sums the codes 8t..8t+7 of each block of the group (blocks in order, elements in a fixed order), then the
  * four lanes add in a fixed tree; at 2 bits the same for x times its place's offset (exact products). The order
  * depends on the group alone, never on m or the chunking. */
 template <int NT, int B, bool XF16>
-__device__ __forceinline__ void stage_xsum(int m, int group, int len, const uint4 *xf, float *xs, int rs) {
+__device__ __forceinline__ void stage_xsum(int m, int group, int len, const uint4 *xf, float *xs) {
     constexpr int W = kXsw<B>;
-    const int ngc = len / group, nsum = ngc * m, bpg = group / 32, nblk = len / 32;
+    const int ngc = len / group, nsum = ngc * m, bpg = group / 32, nblk = len / 32, rs = xs_stride<B>(ngc);
     for (int base = 0; base < nsum * 4; base += NT) { /* uniform trip count: every lane shuffles */
         const int e = base + threadIdx.x, u = e >> 2, t = e & 3, r = u % m, gl = u / m;
         float acc = 0.f, off = 0.f;
