@@ -267,10 +267,11 @@ static void pk_bind(keel_cuda_engine *e, uint8_t *base) {
         struct pk_copy *c = &e->pk[i];
         const keel_qmat *q = c->src;
         char why[256];
-        KEEL_ASSERTF(keel_cuda_pack(q, host, c->bytes, why, sizeof why), "packing an eligible matrix: %s", why);
+        /* tile-major: eligible matrices never split k, and the unsplit walk takes that layout */
+        KEEL_ASSERTF(keel_cuda_pack(q, false, host, c->bytes, why, sizeof why), "packing an eligible matrix: %s", why);
         keel_cuda_upload(base + c->off, host, c->bytes);
         c->w = tr(e, q->w);
-        c->pw = (keel_cuda_pw){base + c->off, q->n, q->k, q->bits, q->group, q->sdt};
+        c->pw = (keel_cuda_pw){base + c->off, q->n, q->k, q->bits, q->group, q->sdt, false};
     }
     free(host);
 }

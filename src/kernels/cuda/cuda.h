@@ -136,6 +136,7 @@ typedef struct keel_cuda_pw {
     const uint8_t *w;       /* keel_cuda_pack's bytes on the device, 16-byte aligned */
     int n, k, bits, group;
     keel_dtype sdt;         /* BF16 or F16 */
+    bool span_major;        /* keel_cuda_pack's layout */
 } keel_cuda_pw;
 /* Shared memory of a packed launch: x fragments (at most KEEL_CUDA_PACKED_XBYTES; longer k goes in chunks) and
  * their per-group sums (group 32 at most); the kernels' attribute is set to the largest. */
@@ -153,11 +154,14 @@ typedef struct keel_cuda_pw {
 bool keel_cuda_packed_xbudget(int bytes);
 /* The budget packed launches use now (bytes, or KEEL_CUDA_PACKED_XBUDGET_AUTO). */
 int keel_cuda_packed_xbudget_now(void);
-/* The layout: tiles of KEEL_CUDA_PACK_ROWS rows, each a run of spans of KEEL_CUDA_PACK_SPAN codes (k padded with
- * zeros), each span a record of KEEL_CUDA_PACK_REC bytes: the 32 lanes' codes (lane 4g + t: 8 items of `bits` bytes,
- * item 2b + h the bytes of codes 8t..8t+7 of block b of row g + 8h; the lane's byte j at KEEL_CUDA_PACK_AT, in
- * chunks of KEEL_CUDA_PACK_CHUNK bytes, chunk-major so a warp's load of one chunk is contiguous), then per row pair g
- * and group of the span the halves scale(g), bias(g), scale(g + 8), bias(g + 8). */
+/* The layout: tiles of KEEL_CUDA_PACK_ROWS rows (their count rounded up to even: a zero tile pads an odd one, which
+ * a pair walk's second tile reads) by spans of KEEL_CUDA_PACK_SPAN codes (k padded with zeros), one record of
+ * KEEL_CUDA_PACK_REC bytes each, tile-major (record (t, s) at t * spans + s) or span-major (at s * tiles + t: the
+ * warps walking different tiles at one span read neighbouring bytes); keel_cuda_pack_at gives a record's index. A
+ * record holds the 32 lanes' codes (lane 4g + t: 8 items of `bits` bytes, item 2b + h the bytes of codes 8t..8t+7
+ * of block b of row g + 8h; the lane's byte j at KEEL_CUDA_PACK_AT, in chunks of KEEL_CUDA_PACK_CHUNK bytes,
+ * chunk-major so a warp's load of one chunk is contiguous), then per row pair g and group of the span the halves
+ * scale(g), bias(g), scale(g + 8), bias(g + 8). */
 #define KEEL_CUDA_PACK_ROWS 16
 #define KEEL_CUDA_PACK_SPAN 128
 #define KEEL_CUDA_PACK_REC(bits, group) (256 * (bits) + 64 * (KEEL_CUDA_PACK_SPAN / (group)))
@@ -167,14 +171,19 @@ int keel_cuda_packed_xbudget_now(void);
      (j) % KEEL_CUDA_PACK_CHUNK(bits))
 /* Bytes the packed form of an (n, k) matrix takes; 0 for an invalid shape. Host code (pack.c), no device needed. */
 size_t keel_cuda_pack_bytes(int n, int k, int bits, int group);
+/* The index of tile t's record of span s (records of KEEL_CUDA_PACK_REC bytes) in the packed form of an (n, k)
+ * matrix. */
+size_t keel_cuda_pack_at(int n, int k, bool span_major, int t, int s);
 /* Whether the packed tile takes scales and biases of this dtype (BF16 only; the ring tile takes every one). */
 bool keel_cuda_pack_scales_ok(keel_dtype sdt);
-/* Writes the packed form of W (host memory, one matrix, BF16 scales) into dst (host, cap bytes), to be uploaded
- * 16-byte aligned and described by a keel_cuda_pw; false with the reason in why (nothing written) for F16 or F32
- * scales (the ring tile takes those), a shape that does not pack, or a short destination. */
-bool keel_cuda_pack(const keel_qmat *W, void *dst, size_t cap, char *why, size_t why_cap);
+/* Writes the packed form of W (host memory, one matrix, BF16 scales) into dst (host, cap bytes), span-major or
+ * tile-major, to be uploaded 16-byte aligned and described by a keel_cuda_pw of that layout; false with the reason in
+ * why (nothing written) for F16 or F32 scales (the ring tile takes those), a shape that does not pack, or a short
+ * destination. */
+bool keel_cuda_pack(const keel_qmat *W, bool span_major, void *dst, size_t cap, char *why, size_t why_cap);
 /* keel_cuda_pack of W (host memory) into a new device allocation described by out (owner: the caller, who frees
- * out->w with keel_cuda_free); false with the reason, nothing allocated, where keel_cuda_pack refuses. */
+ * out->w with keel_cuda_free), span-major where keel_cuda_packed_splits(n, k) > 1 (the unsplit walk takes tile-major
+ * matrices only); false with the reason, nothing allocated, where keel_cuda_pack refuses. */
 bool keel_cuda_pack_upload(const keel_qmat *W, keel_cuda_pw *out, char *why, size_t why_cap);
 /* keel_cuda_pack_upload of a matrix already on the device (of a stack, the first n rows): read back, packed on the
  * host, uploaded; the same ownership and refusals (and out of host memory). */

@@ -1,21 +1,32 @@
 /* kernels/cuda: the packed stream tile's layout, made on the host before the upload (docs/stream-tiles.md, "The
  * packed tile"). Plain C, built with or without CUDA, so the layout is tested on any machine. */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cuda.h"
 
+/* Tiles rounded up to even, and spans. */
+static size_t pack_tiles(int n) { return ((size_t)n + 2 * KEEL_CUDA_PACK_ROWS - 1) / (2 * KEEL_CUDA_PACK_ROWS) * 2; }
+static size_t pack_spans(int k) { return ((size_t)k + KEEL_CUDA_PACK_SPAN - 1) / KEEL_CUDA_PACK_SPAN; }
+
 size_t keel_cuda_pack_bytes(int n, int k, int bits, int group) {
     if (n <= 0 || k <= 0 || !keel_quant_bits_ok(bits) || !keel_quant_group_ok(group) || k % group) return 0;
-    const size_t tiles = ((size_t)n + KEEL_CUDA_PACK_ROWS - 1) / KEEL_CUDA_PACK_ROWS;
-    const size_t spans = ((size_t)k + KEEL_CUDA_PACK_SPAN - 1) / KEEL_CUDA_PACK_SPAN;
-    return tiles * spans * (size_t)KEEL_CUDA_PACK_REC(bits, group);
+    const size_t tiles = pack_tiles(n), spans = pack_spans(k), rec = (size_t)KEEL_CUDA_PACK_REC(bits, group);
+    /* the walk steps a span (span-major: tiles records) and a pair (tile-major: 2 spans records) in an int */
+    if (tiles * rec > INT_MAX || 2 * spans * rec > INT_MAX) return 0;
+    return tiles * spans * rec;
+}
+
+size_t keel_cuda_pack_at(int n, int k, bool span_major, int t, int s) {
+    const size_t tiles = pack_tiles(n), spans = pack_spans(k);
+    return span_major ? (size_t)s * tiles + (size_t)t : (size_t)t * spans + (size_t)s;
 }
 
 /* One scale dtype halves the kernel's walks; F16 and F32 take the ring tile. */
 bool keel_cuda_pack_scales_ok(keel_dtype sdt) { return sdt == KEEL_DT_BF16; }
 
-bool keel_cuda_pack(const keel_qmat *W, void *dst, size_t cap, char *why, size_t why_cap) {
+bool keel_cuda_pack(const keel_qmat *W, bool span_major, void *dst, size_t cap, char *why, size_t why_cap) {
     KEEL_ASSERT(W && why);
     if (!keel_cuda_pack_scales_ok(W->sdt)) {
         snprintf(why, why_cap, "packed tile: scales and biases must be BF16 (F16 and F32 take the ring tile), found %s",
@@ -33,14 +44,14 @@ bool keel_cuda_pack(const keel_qmat *W, void *dst, size_t cap, char *why, size_t
         return false;
     }
     const int B = W->bits, G = W->group, gps = KEEL_CUDA_PACK_SPAN / G, rec = KEEL_CUDA_PACK_REC(B, G);
-    const int tiles = (W->n + KEEL_CUDA_PACK_ROWS - 1) / KEEL_CUDA_PACK_ROWS;
+    const int tiles = (int)pack_tiles(W->n);
     const int spans = (W->k + KEEL_CUDA_PACK_SPAN - 1) / KEEL_CUDA_PACK_SPAN, blocks = W->k / 32, groups = W->k / G;
     const size_t row_bytes = (size_t)W->k * B / 8;
     const uint8_t *codes = (const uint8_t *)W->w, *sc = W->scales, *bi = W->biases;
     uint8_t *out = dst;
     for (int T = 0; T < tiles; T++)
         for (int s = 0; s < spans; s++) {
-            uint8_t *r = out + ((size_t)T * spans + s) * rec;
+            uint8_t *r = out + keel_cuda_pack_at(W->n, W->k, span_major, T, s) * rec;
             /* lane (g, t): item 2b + h holds bytes B*t .. B*t + B-1 of block 4s + b of row 16T + g + 8h; byte j of
              * the lane's 8B goes to chunk j / C at lane C + j % C (the warp's loads of a chunk are contiguous) */
             for (int lane = 0; lane < 32; lane++)

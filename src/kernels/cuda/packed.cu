@@ -93,6 +93,8 @@ struct PParams {
     int split;              /* k in parts (pk_splits: 2 or 4, else 0; layouts: packed_split); xk: a region's chunk */
     float *part;            /* (tiles, split, 32 lanes, 4) the parts' sums when parts run on blocks of their own */
     unsigned *cnt;          /* (tiles) parts arrived, zero between launches */
+    int sstr, tstr, pstr;   /* split walks: bytes from a tile's span record to its next span's, from tile 2p's to tile
+                               2p + 1's and from pair p's to pair p + 1's (keel_cuda_pack_at: tile- or span-major) */
 };
 
 #ifndef KEEL_PK_SPLIT_KERNEL /* the k-in-parts kernel is built (the contract twin leaves it out) */
@@ -328,26 +330,40 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
     const uint4 *xrow = xf + gx * nblk * 4 + t;
     const int xsw = ONE ? 0 : (gx & 1) * 4;
     const float *xsa0 = xs + r0 * xs_stride<B>(ngc), *xsb0 = xs + r1 * xs_stride<B>(ngc);
-    const long long tstride = (long long)P.ns * P.rec;
-    /* from just past a unit's last span of the range to the next unit's first: units are step apart */
-    const long long tjump = (long long)T * step * tstride - (long long)nsp * P.rec;
-
     Span<B> buf[D][T];
-    /* the load cursor: its record pointer, the spans left in its unit (a count, no tile arithmetic a span) and the
-     * byte offset of the unit's second tile from its first (0 when the unit has one tile) */
-    const uint8_t *lp = P.w + (long long)T * u0 * tstride + (long long)s0 * P.rec;
+    /* the load cursor: its record pointer and the spans left in its unit (a count, no tile arithmetic a span). The
+     * unsplit kernel's walks take tile-major matrices (keel_cuda_pack_upload), a unit's second tile tstride on (0
+     * when past the last tile); the split walks take either layout through P's strides, a second tile past the last
+     * one reading the pack's zero tile, and units step apart (step even, or 0) */
+    constexpr bool kSplitWalk = SPLIT || PART;
+    const long long tstride = kSplitWalk ? 0LL : (long long)P.ns * P.rec; /* the unsplit walk's tile stride */
+    const long long tjump = kSplitWalk ? (long long)(T * step / 2) * P.pstr - (long long)nsp * P.sstr
+                                       : (long long)T * step * tstride - (long long)nsp * P.rec;
+    const uint8_t *lp = kSplitWalk
+                            ? P.w + (long long)(T * u0 / 2) * P.pstr + (T * u0 % 2) * P.tstr + (long long)s0 * P.sstr
+                            : P.w + (long long)T * u0 * tstride + (long long)s0 * P.rec;
     int lleft = nsp, lu = u0;
     auto second = [&](int u) { return T > 1 && T * u + 1 < P.tiles ? tstride : 0LL; };
-    long long loff = second(u0);
+    long long loff = kSplitWalk ? 0LL : second(u0);
     auto load = [&](Span<B> *S) {
+        if constexpr (kSplitWalk) {
 #pragma unroll
-        for (int u = 0; u < T; u++) load_span<B, 2 - LG>(S[u], lp + u * loff, lane);
-        lp += P.rec;
-        if (--lleft == 0) {
-            lp += tjump;
-            lleft = nsp;
-            lu += step;
-            loff = second(lu);
+            for (int u = 0; u < T; u++) load_span<B, 2 - LG>(S[u], lp + u * P.tstr, lane);
+            lp += P.sstr;
+            if (--lleft == 0) {
+                lp += tjump;
+                lleft = nsp;
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < T; u++) load_span<B, 2 - LG>(S[u], lp + u * loff, lane);
+            lp += P.rec;
+            if (--lleft == 0) {
+                lp += tjump;
+                lleft = nsp;
+                lu += step;
+                loff = second(lu);
+            }
         }
     };
 #pragma unroll
@@ -733,7 +749,8 @@ extern "C" bool keel_cuda_pack_upload(const keel_qmat *W, keel_cuda_pw *out, cha
         snprintf(why, why_cap, "packed tile: out of host memory for %zu bytes", need);
         return false;
     }
-    if (!keel_cuda_pack(W, host, need, why, why_cap)) {
+    const bool span_major = keel_cuda_packed_splits(W->n, W->k) > 1; /* the split walks stream it faster */
+    if (!keel_cuda_pack(W, span_major, host, need, why, why_cap)) {
         free(host);
         return false;
     }
@@ -741,7 +758,7 @@ extern "C" bool keel_cuda_pack_upload(const keel_qmat *W, keel_cuda_pw *out, cha
     keel_cuda_upload(dev, host, need);
     free(host);
     *out = (keel_cuda_pw){.w = (const uint8_t *)dev, .n = W->n, .k = W->k, .bits = W->bits, .group = W->group,
-                          .sdt = W->sdt};
+                          .sdt = W->sdt, .span_major = span_major};
     return true;
 }
 
@@ -783,6 +800,10 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
     P.group = W->group;
     P.tiles = (W->n + kPkRows - 1) / kPkRows;
     P.rec = KEEL_CUDA_PACK_REC(W->bits, W->group);
+    const int tiles2 = (P.tiles + 1) / 2 * 2; /* ints: keel_cuda_pack_bytes */
+    P.sstr = W->span_major ? tiles2 * P.rec : P.rec;
+    P.tstr = W->span_major ? P.rec : P.ns * P.rec;
+    P.pstr = 2 * P.tstr;
     P.x = (const uint16_t *)x;
     P.m = m;
     P.y = y;
@@ -791,6 +812,8 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
     P.last = (long long)m * W->n - 1;
     const int S = pk_splits(W->n, W->k);
     P.split = S > 1 ? S : 0;
+    KEEL_ASSERTF(!W->span_major || P.split, "packed tile: a span-major matrix (keel_cuda_pack_upload packs one only "
+                 "where k splits) on the unsplit walk");
     if (xdt == KEEL_DT_F16)
         launch_pk_bits<true>(W->bits, P, (cudaStream_t)stream);
     else

@@ -30,7 +30,13 @@ static int code_at(const uint8_t *p, int bits, int j) {
     return v;
 }
 
-static void check_layout(int n, int k, int bits, int group) {
+/* Where record (tile T, span s) sits, in records. */
+static size_t rec_index(bool span_major, int tiles, int spans, int T, int s) {
+    if (span_major) return (size_t)s * tiles + T;
+    return (size_t)T * spans + s;
+}
+
+static void check_layout(int n, int k, int bits, int group, bool span_major) {
     const size_t rw = keel_quant_row_words(k, bits), ng = (size_t)n * (k / group);
     uint32_t *w = calloc((size_t)n * rw, 4);
     uint16_t *sc = malloc(ng * 2), *bi = malloc(ng * 2);
@@ -43,17 +49,18 @@ static void check_layout(int n, int k, int bits, int group) {
     const keel_qmat m = {n, k, bits, group, KEEL_DT_BF16, w, sc, bi};
     const size_t bytes = keel_cuda_pack_bytes(n, k, bits, group);
     const int spans = (k + 127) / 128, rec = KEEL_CUDA_PACK_REC(bits, group), gps = 128 / group;
-    assert_int_equal(bytes, (size_t)((n + 15) / 16) * spans * rec);
+    const int tiles = (n + 31) / 32 * 2; /* rounded up to even: a zero tile pads an odd count */
+    assert_int_equal(bytes, (size_t)tiles * spans * rec);
     uint8_t *p = malloc(bytes), *seen = calloc(bytes, 1);
     memset(p, 0xa5, bytes);
     char why[256];
-    assert_true(keel_cuda_pack(&m, p, bytes, why, sizeof why));
+    assert_true(keel_cuda_pack(&m, span_major, p, bytes, why, sizeof why));
     for (int r = 0; r < n; r++) {
         const int T = r / 16, h = (r % 16) / 8, g = r % 8;
         for (int j = 0; j < k; j++) {
             const int s = j / 128, b = (j % 128) / 32, t = (j % 32) / 8, e = j % 8;
             /* the lane's item 2b + h: its bytes (2b + h) bits .. + bits - 1, each in its chunk (chunk-major) */
-            const size_t rec0 = ((size_t)T * spans + s) * rec;
+            const size_t rec0 = rec_index(span_major, tiles, spans, T, s) * rec;
             const int lane = 4 * g + t, chunk = bits % 2 ? 8 : 16;
             uint8_t item[8];
             for (int q = 0; q < bits; q++) {
@@ -67,7 +74,7 @@ static void check_layout(int n, int k, int bits, int group) {
         }
         for (int gr = 0; gr < k / group; gr++) {
             const int s = gr * group / 128, gi = gr % gps;
-            const size_t at = ((size_t)T * spans + s) * rec + 256 * bits + (size_t)(g * gps + gi) * 8 + 4 * h;
+            const size_t at = rec_index(span_major, tiles, spans, T, s) * rec + 256 * bits + (size_t)(g * gps + gi) * 8 + 4 * h;
             uint16_t vs, vb;
             memcpy(&vs, p + at, 2);
             memcpy(&vb, p + at + 2, 2);
@@ -86,9 +93,12 @@ static void test_layout(void **state) {
     const int bits[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128};
     for (int b = 0; b < 6; b++)
         for (int g = 0; g < 3; g++) {
-            check_layout(16, 128, bits[b], groups[g]);
-            check_layout(37, groups[g] * 5, bits[b], groups[g]); /* partial tile, k past whole spans */
-            check_layout(1, groups[g], bits[b], groups[g]);
+            for (int sm = 0; sm < 2; sm++) {
+                check_layout(16, 128, bits[b], groups[g], sm);
+                check_layout(37, groups[g] * 5, bits[b], groups[g], sm); /* odd tiles, k past whole spans */
+                check_layout(1, groups[g], bits[b], groups[g], sm);
+                check_layout(80, 3 * 128, bits[b], groups[g], sm); /* 5 tiles by 3 spans: the two orders differ */
+            }
         }
 }
 
@@ -97,6 +107,9 @@ static void test_size(void **state) {
     (void)state;
     assert_int_equal(keel_cuda_pack_bytes(32, 256, 4, 64), 32 * 256 / 2 + 32 * (256 / 64) * 4);
     assert_int_equal(keel_cuda_pack_bytes(131072, 2688, 3, 64), 131072ull * 2688 * 3 / 8 + 131072ull * 42 * 4);
+    assert_int_equal(keel_cuda_pack_bytes(48, 256, 4, 64), 4 * 2 * 1152); /* odd tiles: a zero tile more */
+    assert_int_equal(keel_cuda_pack_bytes(16, 60000000, 8, 32), 0); /* a pair's step, 2 spans records, past an int */
+    assert_int_equal(keel_cuda_pack_bytes(16000000, 128, 8, 32), 0); /* a span's step, tiles records, past an int */
     assert_int_equal(keel_cuda_pack_bytes(20, 128, 7, 64), 0);
     assert_int_equal(keel_cuda_pack_bytes(20, 100, 4, 64), 0);
     assert_int_equal(keel_cuda_pack_bytes(0, 128, 4, 64), 0);
@@ -110,18 +123,18 @@ static void test_refusals(void **state) {
     char why[256];
     keel_qmat m = {16, 128, 4, 64, KEEL_DT_F32, w, s, s};
     memset(out, 0x5a, sizeof out);
-    assert_false(keel_cuda_pack(&m, out, sizeof out, why, sizeof why));
+    assert_false(keel_cuda_pack(&m, false, out, sizeof out, why, sizeof why));
     assert_non_null(strstr(why, "F32"));
     m.sdt = KEEL_DT_F16; /* the ring tile takes F16 scales */
-    assert_false(keel_cuda_pack(&m, out, sizeof out, why, sizeof why));
+    assert_false(keel_cuda_pack(&m, false, out, sizeof out, why, sizeof why));
     assert_non_null(strstr(why, "must be BF16"));
     assert_non_null(strstr(why, "found F16"));
     m.sdt = KEEL_DT_BF16;
-    assert_false(keel_cuda_pack(&m, out, 100, why, sizeof why));
-    assert_non_null(strstr(why, "needs 1152 bytes, has 100"));
-    assert_false(keel_cuda_pack(&m, NULL, 0, why, sizeof why));
+    assert_false(keel_cuda_pack(&m, true, out, 100, why, sizeof why));
+    assert_non_null(strstr(why, "needs 2304 bytes, has 100")); /* one tile and the zero tile that pairs it */
+    assert_false(keel_cuda_pack(&m, false, NULL, 0, why, sizeof why));
     m.bits = 7;
-    assert_false(keel_cuda_pack(&m, out, sizeof out, why, sizeof why));
+    assert_false(keel_cuda_pack(&m, false, out, sizeof out, why, sizeof why));
     assert_non_null(strstr(why, "bits 7"));
     for (size_t i = 0; i < sizeof out; i++) assert_int_equal(out[i], 0x5a); /* nothing written */
 }
