@@ -136,7 +136,7 @@ typedef struct keel_cuda_pw {
     const uint8_t *w;       /* keel_cuda_pack's bytes on the device, 16-byte aligned */
     int n, k, bits, group;
     keel_dtype sdt;         /* BF16 or F16 */
-    bool span_major;        /* keel_cuda_pack's layout */
+    bool span_major;        /* keel_cuda_pack's layout; span-major only where keel_cuda_packed_splits(n, k) > 1 */
 } keel_cuda_pw;
 /* Shared memory of a packed launch: x fragments (at most KEEL_CUDA_PACKED_XBYTES; longer k goes in chunks) and
  * their per-group sums (group 32 at most); the kernels' attribute is set to the largest. */

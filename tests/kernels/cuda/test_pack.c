@@ -74,7 +74,8 @@ static void check_layout(int n, int k, int bits, int group, bool span_major) {
         }
         for (int gr = 0; gr < k / group; gr++) {
             const int s = gr * group / 128, gi = gr % gps;
-            const size_t at = rec_index(span_major, tiles, spans, T, s) * rec + 256 * bits + (size_t)(g * gps + gi) * 8 + 4 * h;
+            const size_t at =
+                rec_index(span_major, tiles, spans, T, s) * rec + 256 * bits + (size_t)(g * gps + gi) * 8 + 4 * h;
             uint16_t vs, vb;
             memcpy(&vs, p + at, 2);
             memcpy(&vb, p + at + 2, 2);
