@@ -19,11 +19,6 @@ __device__ __forceinline__ uint4 ldg16(const void *p) {
     asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
-__device__ __forceinline__ uint32_t ldg4(const void *p) {
-    uint32_t v;
-    asm("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
-    return v;
-}
 __device__ __forceinline__ uint32_t ldg4h(const void *p) {
     uint32_t v;
     asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
@@ -35,8 +30,6 @@ template <int NV> struct Sp { uint32_t c[4 * NV]; uint32_t s; };
 struct Geo {
     const uint8_t *w;
     int tiles, ns, parts, rec;
-    int mode; /* 0: scales after codes, plain load; 1: with the L2::256B hint; 2: spans in pairs (codes, codes, scales,
-                 scales), hint; 3: codes only */
     long long sstr, tstr; /* bytes between a tile's spans, between tiles */
 };
 
@@ -56,31 +49,24 @@ __global__ void __launch_bounds__(256, MINB) walk_kernel(Geo G, float *out) {
     int lwalk = wid, lleft = nsp;
     auto base = [&](int wk) { return G.w + (long long)(wk / G.parts) * T * G.tstr + (long long)(wk % G.parts) * nsp * G.sstr; };
     const uint8_t *lp = base(lwalk);
-    int odd = 0;
     auto load = [&](Sp<NV> (&SS)[T]) {
 #pragma unroll
-      for (int u = 0; u < T; u++) {
-        Sp<NV> &S = SS[u];
-        const uint8_t *lp0 = lp;
-        lp += u * G.tstr;
-        if (PF > 0) {
-            const uint8_t *pp = lp + (long long)PF * G.sstr;
-            for (int o = 32 * lane; o < G.rec; o += 1024) pf_l2(pp + o);
-        }
+        for (int u = 0; u < T; u++) {
+            Sp<NV> &S = SS[u];
+            const uint8_t *lt = lp + u * G.tstr;
+            if (PF > 0) {
+                const uint8_t *pp = lt + (long long)PF * G.sstr;
+                for (int o = 32 * lane; o < G.rec; o += 1024) pf_l2(pp + o);
+            }
 #pragma unroll
-        for (int i = 0; i < NV; i++) {
-            uint4 v = ldg16(lp + 512 * i + 16 * lane);
-            S.c[4 * i] = v.x, S.c[4 * i + 1] = v.y, S.c[4 * i + 2] = v.z, S.c[4 * i + 3] = v.w;
+            for (int i = 0; i < NV; i++) {
+                uint4 v = ldg16(lt + 512 * i + 16 * lane);
+                S.c[4 * i] = v.x, S.c[4 * i + 1] = v.y, S.c[4 * i + 2] = v.z, S.c[4 * i + 3] = v.w;
+            }
+            S.s = ldg4h(lt + 512 * NV + 4 * lane);
         }
-        if (G.mode == 0) S.s = ldg4(lp + 512 * NV + 4 * lane);
-        else if (G.mode == 1) S.s = ldg4h(lp + 512 * NV + 4 * lane);
-        else if (G.mode == 2) S.s = ldg4h(lp + 512 * NV * (2 - odd) + 128 * odd + 4 * lane);
-        else S.s = lane;
-        lp = lp0;
-      }
-        lp += G.mode == 2 ? (odd ? 2 * G.sstr - 512 * NV : 512 * NV) : G.sstr;
-        odd ^= 1;
-        if (--lleft == 0) { lwalk += nw; lleft = nsp; lp = base(lwalk); odd = 0; }
+        lp += G.sstr;
+        if (--lleft == 0) { lwalk += nw; lleft = nsp; lp = base(lwalk); }
     };
     Sp<NV> buf[D][T];
 #pragma unroll
@@ -153,10 +139,10 @@ template <typename F> static float time_rot(size_t mbytes, F launch) {
 
 static double g_peak;
 
-template <int NV, int D, int R, int MINB, int PF = 0, int T = 1> static void run(const char *shape, int tiles, int ns, int parts, int layout, int mode) {
+template <int NV, int D, int R, int MINB, int PF = 0, int T = 1> static void run(const char *shape, int tiles, int ns, int parts, int layout) {
     const int rec = 512 * NV + 128;
     Geo G;
-    G.tiles = tiles, G.ns = ns, G.parts = parts, G.rec = rec, G.mode = mode;
+    G.tiles = tiles, G.ns = ns, G.parts = parts, G.rec = rec;
     if (layout == 0) G.sstr = rec, G.tstr = (long long)ns * rec;
     else G.sstr = (long long)tiles * rec, G.tstr = rec;
     const size_t mbytes = (size_t)tiles * ns * rec, span = (size_t)tiles * (layout == 0 ? G.tstr : ns * rec);
@@ -167,19 +153,19 @@ template <int NV, int D, int R, int MINB, int PF = 0, int T = 1> static void run
     const int grid = nb * g_sms;
     const float us = time_rot(span, [&](const uint8_t *p) { Geo g = G; g.w = p; walk_kernel<NV, D, R, MINB, PF, T><<<grid, 256, smem>>>(g, g_out); });
     const double gbs = mbytes / (us * 1e3);
-    printf("%-8s T %d PF %d rec %4d D %d R %d blk/SM %d parts %d layout %s mode %d: %7.1f us %7.1f GB/s %5.1f %%\n", shape, T, PF, rec, D, R,
-           nb, parts, layout ? "span" : "tile", mode, us, gbs, 100.0 * gbs / g_peak);
+    printf("%-8s T %d PF %d rec %4d D %d R %d blk/SM %d parts %d layout %s: %7.1f us %7.1f GB/s %5.1f %%\n", shape, T, PF, rec, D, R,
+           nb, parts, layout ? "span" : "tile", us, gbs, 100.0 * gbs / g_peak);
 }
 
 template <int NV, int D, int R, int MINB, int PF, int T = 1> static void pf() {
-    run<NV, D, R, MINB, PF, T>("sq16k", 1024, 128, T == 1 ? 2 : T == 2 ? 4 : 8, 0, 1);
-    run<NV, D, R, MINB, PF, T>("lm_head", 8192, 21, 1, 0, 1);
+    run<NV, D, R, MINB, PF, T>("sq16k", 1024, 128, T == 1 ? 2 : T == 2 ? 4 : 8, 0);
+    run<NV, D, R, MINB, PF, T>("lm_head", 8192, 21, 1, 0);
 }
 
 template <int NV, int D, int T> static void lay() {
     for (int layout = 0; layout < 2; layout++) {
-        run<NV, D, 0, 2, 0, T>("sq16k", 1024, 128, T == 1 ? 2 : 4, layout, 1);
-        run<NV, D, 0, 2, 0, T>("lm_head", 8192, 21, 1, layout, 1);
+        run<NV, D, 0, 2, 0, T>("sq16k", 1024, 128, T == 1 ? 2 : 4, layout);
+        run<NV, D, 0, 2, 0, T>("lm_head", 8192, 21, 1, layout);
     }
 }
 
@@ -198,7 +184,7 @@ int main() {
     pf<1, 2, 0, 2, 0, 2>(); pf<1, 3, 0, 2, 0, 2>(); pf<1, 4, 0, 2, 0, 2>(); pf<1, 2, 0, 2, 0, 4>();
     pf<2, 3, 0, 2, 0, 1>(); pf<2, 2, 0, 2, 0, 2>(); pf<2, 3, 0, 2, 0, 2>(); pf<4, 2, 0, 2, 0, 1>();
     printf("-- 4 blocks an SM (k in 4 parts)\n");
-    run<1, 3, 0, 4>("sq16k", 1024, 128, 4, 0, 1); run<2, 3, 0, 4>("sq16k", 1024, 128, 4, 0, 1);
+    run<1, 3, 0, 4>("sq16k", 1024, 128, 4, 0); run<2, 3, 0, 4>("sq16k", 1024, 128, 4, 0);
     printf("-- L2 prefetch of the span PF steps ahead\n");
     pf<1, 3, 0, 2, 2>(); pf<1, 3, 0, 2, 4>(); pf<1, 3, 0, 2, 8>(); pf<2, 3, 0, 2, 4>();
     printf("-- tile-major against span-major\n");

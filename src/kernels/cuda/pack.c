@@ -45,7 +45,7 @@ bool keel_cuda_pack(const keel_qmat *W, bool span_major, void *dst, size_t cap, 
     }
     const int B = W->bits, G = W->group, gps = KEEL_CUDA_PACK_SPAN / G, rec = KEEL_CUDA_PACK_REC(B, G);
     const int tiles = (int)pack_tiles(W->n);
-    const int spans = (W->k + KEEL_CUDA_PACK_SPAN - 1) / KEEL_CUDA_PACK_SPAN, blocks = W->k / 32, groups = W->k / G;
+    const int spans = (int)pack_spans(W->k), blocks = W->k / 32, groups = W->k / G;
     const size_t row_bytes = (size_t)W->k * B / 8;
     const uint8_t *codes = (const uint8_t *)W->w, *sc = W->scales, *bi = W->biases;
     uint8_t *out = dst;

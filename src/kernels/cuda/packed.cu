@@ -800,10 +800,11 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
     P.group = W->group;
     P.tiles = (W->n + kPkRows - 1) / kPkRows;
     P.rec = KEEL_CUDA_PACK_REC(W->bits, W->group);
-    const int tiles2 = (P.tiles + 1) / 2 * 2; /* ints: keel_cuda_pack_bytes */
-    P.sstr = W->span_major ? tiles2 * P.rec : P.rec;
-    P.tstr = W->span_major ? P.rec : P.ns * P.rec;
-    P.pstr = 2 * P.tstr;
+    /* the split walks' strides, from the layout's record index (they fit ints: keel_cuda_pack_bytes) */
+    const size_t at0 = keel_cuda_pack_at(W->n, W->k, W->span_major, 0, 0);
+    P.sstr = (int)((keel_cuda_pack_at(W->n, W->k, W->span_major, 0, 1) - at0) * P.rec);
+    P.tstr = (int)((keel_cuda_pack_at(W->n, W->k, W->span_major, 1, 0) - at0) * P.rec);
+    P.pstr = (int)((keel_cuda_pack_at(W->n, W->k, W->span_major, 2, 0) - at0) * P.rec);
     P.x = (const uint16_t *)x;
     P.m = m;
     P.y = y;
