@@ -22,7 +22,8 @@ __device__ int g_pk_plant; /* the armed fault (KEEL_CONTRACT_PLANT_*) */
 #define KEEL_PK_PLANT_STORE(y, i, v, bf16, last) KEEL_TWIN_STORE(g_pk_plant, y, i, v, bf16, last)
 /* the contract runs the twin on a few tiles, never enough for the launcher to pair them: pair walks left out (build time) */
 #define KEEL_PK_PAIRS(B, ONE, LG) 0
-/* and never splits k: the controls go red on the unsplit walk, which shares every hook with the split one */
+/* and never splits k: the controls go red on the unsplit walk, which shares every hook with the split one and, built
+ * so, steps by P's strides (the split shapes' packs are span-major) */
 #define KEEL_PK_SPLIT_KERNEL 0
 
 #include "../kernels/cuda/packed.cu"
