@@ -110,9 +110,90 @@ __global__ void read_kernel(const uint4 *p, long long n, float *out) {
     if (a == 0x12345678u) out[0] = (float)a;
 }
 
+/* The same walks (T = 1) through a per-warp shared-memory ring of S slots of C spans (tile-major: a tile's C spans are
+ * C * rec contiguous bytes), each slot filled by one cp.async.bulk that lane 0 issues and an mbarrier counts. */
+__device__ __forceinline__ uint32_t sm32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void bar_wait(uint32_t b, uint32_t ph) {
+    uint32_t ok = 0;
+    while (!ok)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(b), "r"(ph) : "memory");
+}
+template <int NV, int C, int S, int R, int MINB>
+__global__ void __launch_bounds__(256, MINB) bulk_kernel(Geo G, float *out) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    constexpr int rec = 512 * NV + 128, slotb = C * rec;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint8_t *ring = sm + 1024 + warp * S * slotb;
+    const uint32_t bar0 = sm32(sm + warp * 64);
+    const int nw = gridDim.x * 8, wid = warp * gridDim.x + blockIdx.x;
+    const int walks = G.tiles * G.parts, nsp = G.ns / G.parts, cpw = nsp / C;
+    float acc[4] = {0, 0, 0, 0};
+    const float xv = 1.0001f + lane * 1e-6f;
+    const int nmine = walks > wid ? (walks - wid + nw - 1) / nw : 0, total = nmine * cpw;
+    if (lane == 0)
+        for (int s = 0; s < S; s++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * s));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncwarp();
+    auto issue = [&](int j) {
+        if (lane != 0) return;
+        const int wk = wid + (j / cpw) * nw;
+        const uint8_t *src = G.w + (long long)(wk / G.parts) * G.tstr + (long long)(wk % G.parts) * nsp * G.sstr +
+                             (long long)(j % cpw) * C * G.sstr;
+        const uint32_t b = bar0 + 8 * (j % S);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(slotb) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         sm32(ring + (j % S) * slotb)), "l"(src), "r"(slotb), "r"(b) : "memory");
+    };
+    for (int j = 0; j < S && j < total; j++) issue(j);
+    for (int j = 0; j < total; j++) {
+        bar_wait(bar0 + 8 * (j % S), (j / S) & 1);
+        const uint8_t *slot = ring + (j % S) * slotb;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            uint32_t cw[4 * NV];
+#pragma unroll
+            for (int i = 0; i < NV; i++) {
+                const uint4 v = *(const uint4 *)(slot + c * rec + 512 * i + 16 * lane);
+                cw[4 * i] = v.x, cw[4 * i + 1] = v.y, cw[4 * i + 2] = v.z, cw[4 * i + 3] = v.w;
+            }
+            const uint32_t sv = *(const uint32_t *)(slot + c * rec + 512 * NV + 4 * lane);
+#pragma unroll
+            for (int i = 0; i < 4 * NV; i++) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const uint32_t h = (cw[i] >> (2 * r)) & 0x00030003u | 0x43004300u;
+                    acc[(i + r) & 3] = __fmaf_rn(__uint_as_float(h), xv, acc[(i + r) & 3]);
+                }
+                if (R == 0) acc[i & 3] += __uint_as_float(cw[i] & 0x3f7fffffu);
+            }
+            acc[0] = __fmaf_rn(__uint_as_float(sv & 0x3f7fffffu), xv, acc[0]);
+        }
+        __syncwarp();
+        if (j + S < total) issue(j + S);
+    }
+    const float v = acc[0] + acc[1] + acc[2] + acc[3];
+    if (v == 1.2345f) out[wid * 32 + lane] = v;
+}
+
+/* The plain read with J 16-byte loads in flight a thread at MINB blocks of 256 an SM (shared memory holds it there). */
+template <int J, int MINB> __global__ void __launch_bounds__(256, MINB) readj_kernel(const uint4 *p, long long n, float *out) {
+    uint32_t a = 0;
+    const long long st = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += J * st) {
+        uint4 v[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) v[j] = i + j * st < n ? ldg16(p + i + j * st) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < J; j++) a ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    }
+    if (a == 0x12345678u) out[0] = (float)a;
+}
+
 static float median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
 
 static uint8_t *g_buf;
+static int g_batch = 1;
 static size_t g_bytes;
 static float *g_out;
 static int g_sms;
@@ -123,14 +204,13 @@ template <typename F> static float time_rot(size_t mbytes, F launch) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
     for (int it = 0; it < 3; it++) launch(g_buf);
-    for (int it = 0; it < 30; it++) {
-        const uint8_t *p = g_buf + (size_t)(it % copies) * mbytes;
+    for (int it = 0; it < 30; it++) { /* batches of g_batch launches between two events (1: one launch, host gap included) */
         CK(cudaEventRecord(a));
-        launch(p);
+        for (int j = 0; j < g_batch; j++) launch(g_buf + (size_t)((it * g_batch + j) % copies) * mbytes);
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));
         float ms; CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms * 1000.f);
+        t.push_back(ms * 1000.f / g_batch);
     }
     CK(cudaGetLastError());
     CK(cudaEventDestroy(a)); CK(cudaEventDestroy(b));
@@ -157,6 +237,33 @@ template <int NV, int D, int R, int MINB, int PF = 0, int T = 1> static void run
            nb, parts, layout ? "span" : "tile", us, gbs, 100.0 * gbs / g_peak);
 }
 
+template <int NV, int C, int S, int R, int MINB = 2> static void bulk(const char *shape, int tiles, int ns, int parts) {
+    const int rec = 512 * NV + 128;
+    Geo G;
+    G.tiles = tiles, G.ns = ns, G.parts = parts, G.rec = rec, G.sstr = rec, G.tstr = (long long)ns * rec;
+    const size_t mbytes = (size_t)tiles * ns * rec;
+    const int smem = 1024 + 8 * S * C * rec;
+    int nb = 0;
+    CK(cudaFuncSetAttribute(bulk_kernel<NV, C, S, R, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, bulk_kernel<NV, C, S, R, MINB>, 256, smem));
+    const int grid = nb * g_sms;
+    const float us = time_rot(mbytes, [&](const uint8_t *p) { Geo g = G; g.w = p; bulk_kernel<NV, C, S, R, MINB><<<grid, 256, smem>>>(g, g_out); });
+    const double gbs = mbytes / (us * 1e3);
+    printf("%-8s bulk rec %4d C %d S %d (%5.1f KB a warp) R %d blk/SM %d parts %d: %7.1f us %7.1f GB/s %5.1f %%\n", shape, rec, C, S,
+           S * C * rec / 1024.0, R, nb, parts, us, gbs, 100.0 * gbs / g_peak);
+}
+
+template <int J, int MINB> static void readj() {
+    const size_t pb = (size_t)1000 << 20;
+    const int smem = (220 << 10) / MINB - 2048;
+    int nb = 0;
+    CK(cudaFuncSetAttribute(readj_kernel<J, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, readj_kernel<J, MINB>, 256, smem));
+    const float us = time_rot(pb, [&](const uint8_t *p) { readj_kernel<J, MINB><<<g_sms * nb, 256, smem>>>((const uint4 *)p, pb / 16, g_out); });
+    const double gbs = pb / (us * 1e3);
+    printf("read J %d blk/SM %d (%5.1f KB in flight an SM): %7.1f GB/s %5.1f %%\n", J, nb, nb * 256 * 16 * J / 1024.0, gbs, 100.0 * gbs / g_peak);
+}
+
 template <int NV, int D, int R, int MINB, int PF, int T = 1> static void pf() {
     run<NV, D, R, MINB, PF, T>("sq16k", 1024, 128, T == 1 ? 2 : T == 2 ? 4 : 8, 0);
     run<NV, D, R, MINB, PF, T>("lm_head", 8192, 21, 1, 0);
@@ -169,7 +276,8 @@ template <int NV, int D, int T> static void lay() {
     }
 }
 
-int main() {
+int main(int argc, char **argv) {
+    const int sec = argc > 1 ? atoi(argv[1]) : 0; /* 0: the register-ring sections; 1: the read curve and the bulk ring */
     CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
     g_bytes = (size_t)1 << 30;
     CK(cudaMalloc(&g_buf, g_bytes));
@@ -179,6 +287,41 @@ int main() {
     float us = time_rot(pb, [&](const uint8_t *p) { read_kernel<<<g_sms * 8, 256>>>((const uint4 *)p, pb / 16, g_out); });
     g_peak = pb / (us * 1e3);
     printf("read: %.1f us, %.1f GB/s (%d SMs)\n", us, g_peak, g_sms);
+    if (sec == 2) { /* launches back to back, as keel bench stream times them: the plain read at the tile's sizes */
+        g_batch = 10;
+        for (size_t mb : {24, 48, 84, 110, 170, 256}) {
+            const size_t b = mb << 20;
+            float t = time_rot(b, [&](const uint8_t *p) { read_kernel<<<g_sms * 8, 256>>>((const uint4 *)p, b / 16, g_out); });
+            printf("read %4zu MB back to back: %7.2f us, %7.1f GB/s %5.1f %% (floor %.2f us, over %.2f)\n", mb, t, b / (t * 1e3),
+                   100.0 * b / (t * 1e3) / g_peak, b / (g_peak * 1e3), t - b / (g_peak * 1e3));
+        }
+        run<1, 3, 0, 2, 0, 2>("sq16k", 1024, 128, 4, 1); run<2, 3, 0, 2, 0, 2>("sq16k", 1024, 128, 4, 1);
+        run<4, 2, 0, 2, 0, 1>("sq16k", 1024, 128, 2, 1);
+        run<1, 3, 0, 2, 0, 2>("lm_head", 8192, 21, 1, 0); run<2, 3, 0, 2, 0, 2>("lm_head", 8192, 21, 1, 0);
+        return 0;
+    }
+    if (sec == 1) {
+        printf("-- plain read: bytes in flight an SM\n");
+        readj<1, 2>(); readj<2, 2>(); readj<4, 2>(); readj<8, 2>(); readj<1, 4>(); readj<2, 4>(); readj<4, 4>();
+        readj<1, 8>(); readj<2, 8>(); readj<4, 8>();
+        printf("-- register ring, for reference (R 0 and 2)\n");
+        run<1, 3, 0, 2, 0, 1>("sq16k", 1024, 128, 2, 0); run<1, 3, 2, 2, 0, 1>("sq16k", 1024, 128, 2, 0);
+        run<1, 3, 0, 2, 0, 2>("sq16k", 1024, 128, 4, 1); run<1, 3, 2, 2, 0, 2>("sq16k", 1024, 128, 4, 1);
+        run<2, 3, 0, 2, 0, 2>("sq16k", 1024, 128, 4, 1); run<2, 3, 2, 2, 0, 2>("sq16k", 1024, 128, 4, 1);
+        run<1, 3, 0, 2, 0, 2>("lm_head", 8192, 21, 1, 0); run<1, 3, 2, 2, 0, 2>("lm_head", 8192, 21, 1, 0);
+        printf("-- bulk ring (tile-major), 2 bits\n");
+        bulk<1, 4, 4, 0>("sq16k", 1024, 128, 2); bulk<1, 4, 4, 2>("sq16k", 1024, 128, 2);
+        bulk<1, 8, 2, 0>("sq16k", 1024, 128, 2); bulk<1, 2, 8, 0>("sq16k", 1024, 128, 2); bulk<1, 2, 8, 2>("sq16k", 1024, 128, 2);
+        bulk<1, 4, 5, 0>("sq16k", 1024, 128, 2); bulk<1, 4, 5, 2>("sq16k", 1024, 128, 2);
+        bulk<1, 4, 3, 0>("sq16k", 1024, 128, 2); bulk<1, 4, 2, 0>("sq16k", 1024, 128, 2);
+        bulk<1, 4, 4, 0>("sq16k", 1024, 128, 4); bulk<1, 4, 4, 2>("sq16k", 1024, 128, 4);
+        bulk<1, 3, 5, 0>("lm_head", 8192, 21, 1); bulk<1, 3, 5, 2>("lm_head", 8192, 21, 1); bulk<1, 7, 2, 0>("lm_head", 8192, 21, 1);
+        printf("-- bulk ring, 4 and 8 bits\n");
+        bulk<2, 4, 2, 0>("sq16k", 1024, 128, 2); bulk<2, 4, 2, 2>("sq16k", 1024, 128, 2); bulk<2, 2, 5, 0>("sq16k", 1024, 128, 2);
+        bulk<2, 2, 5, 2>("sq16k", 1024, 128, 2); bulk<2, 3, 3, 0>("lm_head", 8192, 21, 1);
+        bulk<4, 2, 3, 0>("sq16k", 1024, 128, 2); bulk<4, 1, 6, 0>("sq16k", 1024, 128, 2); bulk<4, 3, 2, 0>("lm_head", 8192, 21, 1);
+        return 0;
+    }
     printf("-- ring depth and tiles a step (tile-major)\n");
     pf<1, 3, 0, 2, 0, 1>(); pf<1, 4, 0, 2, 0, 1>(); pf<1, 8, 0, 2, 0, 1>();
     pf<1, 2, 0, 2, 0, 2>(); pf<1, 3, 0, 2, 0, 2>(); pf<1, 4, 0, 2, 0, 2>(); pf<1, 2, 0, 2, 0, 4>();
