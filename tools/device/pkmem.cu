@@ -4,7 +4,9 @@
  * decode-like arithmetic a code word (0: memory only), at MINB blocks of 8 warps an SM (shared memory holds it
  * there), optionally asking L2 for the span PF steps ahead. Layout tile: a tile's spans contiguous; span: span s of
  * every tile adjacent. Shapes: 16384^2 (1024 tiles of 128 spans, k in 2 or 4 parts) and lm_head (8192 tiles of 21).
- * nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/pkmem tools/device/pkmem.cu && /tmp/pkmem */
+ * Argument 1: the plain read's bytes in flight and a shared-memory ring of bulk copies; 2: launches back to back (the
+ * bench's timing) of the plain read at the tile's sizes and of the register ring; none: the register-ring sections.
+ * nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/pkmem tools/device/pkmem.cu && /tmp/pkmem [1|2] */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdint.h>
