@@ -37,6 +37,20 @@ struct Geo {
 
 __device__ __forceinline__ void pf_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+/* A span's use: R rounds of decode-like arithmetic a code word (0: one add a word), then its scale word. */
+template <int NV, int R> __device__ __forceinline__ void consume(const uint32_t *cw, uint32_t sw, float xv, float acc[4]) {
+#pragma unroll
+    for (int i = 0; i < 4 * NV; i++) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint32_t h = (cw[i] >> (2 * r)) & 0x00030003u | 0x43004300u;
+            acc[(i + r) & 3] = __fmaf_rn(__uint_as_float(h), xv, acc[(i + r) & 3]);
+        }
+        if (R == 0) acc[i & 3] += __uint_as_float(cw[i] & 0x3f7fffffu);
+    }
+    acc[0] = __fmaf_rn(__uint_as_float(sw & 0x3f7fffffu), xv, acc[0]);
+}
+
 template <int NV, int D, int R, int MINB, int PF = 0, int T = 1>
 __global__ void __launch_bounds__(256, MINB) walk_kernel(Geo G, float *out) {
     const int lane = threadIdx.x & 31;
@@ -80,34 +94,24 @@ __global__ void __launch_bounds__(256, MINB) walk_kernel(Geo G, float *out) {
             if (q >= total) break;
             if (q + D - 1 < total) load(buf[(d + D - 1) % D]);
 #pragma unroll
-          for (int u = 0; u < T; u++) {
-            const Sp<NV> &S = buf[d][u];
-#pragma unroll
-            for (int i = 0; i < 4 * NV; i++) {
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const uint32_t h = (S.c[i] >> (2 * r)) & 0x00030003u | 0x43004300u;
-                    acc[(i + r) & 3] = __fmaf_rn(__uint_as_float(h), xv, acc[(i + r) & 3]);
-                }
-                if (R == 0) acc[i & 3] += __uint_as_float(S.c[i] & 0x3f7fffffu);
-            }
-            acc[0] = __fmaf_rn(__uint_as_float(S.s & 0x3f7fffffu), xv, acc[0]);
-          }
+            for (int u = 0; u < T; u++) consume<NV, R>(buf[d][u].c, buf[d][u].s, xv, acc);
         }
     }
     const float v = acc[0] + acc[1] + acc[2] + acc[3];
     if (v == 1.2345f) out[wid * 32 + lane] = v; /* keeps the loads alive, never true in practice */
 }
 
-__global__ void read_kernel(const uint4 *p, long long n, float *out) {
+/* The plain read with J 16-byte loads in flight a thread (readj holds MINB blocks of 256 an SM with shared memory;
+ * <8, 1> on 8 blocks an SM, no shared memory, is the reference read). */
+template <int J, int MINB> __global__ void __launch_bounds__(256, MINB) readj_kernel(const uint4 *p, long long n, float *out) {
     uint32_t a = 0;
     const long long st = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += 8 * st) {
-        uint4 v[8];
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += J * st) {
+        uint4 v[J];
 #pragma unroll
-        for (int j = 0; j < 8; j++) v[j] = i + j * st < n ? ldg16(p + i + j * st) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < J; j++) v[j] = i + j * st < n ? ldg16(p + i + j * st) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int j = 0; j < 8; j++) a ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+        for (int j = 0; j < J; j++) a ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
     }
     if (a == 0x12345678u) out[0] = (float)a;
 }
@@ -159,17 +163,7 @@ __global__ void __launch_bounds__(256, MINB) bulk_kernel(Geo G, float *out) {
                 const uint4 v = *(const uint4 *)(slot + c * rec + 512 * i + 16 * lane);
                 cw[4 * i] = v.x, cw[4 * i + 1] = v.y, cw[4 * i + 2] = v.z, cw[4 * i + 3] = v.w;
             }
-            const uint32_t sv = *(const uint32_t *)(slot + c * rec + 512 * NV + 4 * lane);
-#pragma unroll
-            for (int i = 0; i < 4 * NV; i++) {
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const uint32_t h = (cw[i] >> (2 * r)) & 0x00030003u | 0x43004300u;
-                    acc[(i + r) & 3] = __fmaf_rn(__uint_as_float(h), xv, acc[(i + r) & 3]);
-                }
-                if (R == 0) acc[i & 3] += __uint_as_float(cw[i] & 0x3f7fffffu);
-            }
-            acc[0] = __fmaf_rn(__uint_as_float(sv & 0x3f7fffffu), xv, acc[0]);
+            consume<NV, R>(cw, *(const uint32_t *)(slot + c * rec + 512 * NV + 4 * lane), xv, acc);
         }
         __syncwarp();
         if (j + S < total) issue(j + S);
@@ -178,19 +172,6 @@ __global__ void __launch_bounds__(256, MINB) bulk_kernel(Geo G, float *out) {
     if (v == 1.2345f) out[wid * 32 + lane] = v;
 }
 
-/* The plain read with J 16-byte loads in flight a thread at MINB blocks of 256 an SM (shared memory holds it there). */
-template <int J, int MINB> __global__ void __launch_bounds__(256, MINB) readj_kernel(const uint4 *p, long long n, float *out) {
-    uint32_t a = 0;
-    const long long st = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += J * st) {
-        uint4 v[J];
-#pragma unroll
-        for (int j = 0; j < J; j++) v[j] = i + j * st < n ? ldg16(p + i + j * st) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int j = 0; j < J; j++) a ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
-    }
-    if (a == 0x12345678u) out[0] = (float)a;
-}
 
 static float median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
 
@@ -221,6 +202,14 @@ template <typename F> static float time_rot(size_t mbytes, F launch) {
 
 static double g_peak;
 
+/* Blocks of 256 an SM of kernel fn with smem bytes of dynamic shared memory (set as its attribute). */
+static int blocks_an_sm(const void *fn, int smem) {
+    int nb = 0;
+    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, 256, smem));
+    return nb;
+}
+
 template <int NV, int D, int R, int MINB, int PF = 0, int T = 1> static void run(const char *shape, int tiles, int ns, int parts, int layout) {
     const int rec = 512 * NV + 128;
     Geo G;
@@ -228,10 +217,8 @@ template <int NV, int D, int R, int MINB, int PF = 0, int T = 1> static void run
     if (layout == 0) G.sstr = rec, G.tstr = (long long)ns * rec;
     else G.sstr = (long long)tiles * rec, G.tstr = rec;
     const size_t mbytes = (size_t)tiles * ns * rec, span = (size_t)tiles * (layout == 0 ? G.tstr : ns * rec);
-    int nb = 0;
     const int smem = (220 << 10) / MINB - 2048;
-    CK(cudaFuncSetAttribute(walk_kernel<NV, D, R, MINB, PF, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, walk_kernel<NV, D, R, MINB, PF, T>, 256, smem));
+    const int nb = blocks_an_sm((const void *)walk_kernel<NV, D, R, MINB, PF, T>, smem);
     const int grid = nb * g_sms;
     const float us = time_rot(span, [&](const uint8_t *p) { Geo g = G; g.w = p; walk_kernel<NV, D, R, MINB, PF, T><<<grid, 256, smem>>>(g, g_out); });
     const double gbs = mbytes / (us * 1e3);
@@ -245,9 +232,7 @@ template <int NV, int C, int S, int R, int MINB = 2> static void bulk(const char
     G.tiles = tiles, G.ns = ns, G.parts = parts, G.rec = rec, G.sstr = rec, G.tstr = (long long)ns * rec;
     const size_t mbytes = (size_t)tiles * ns * rec;
     const int smem = 1024 + 8 * S * C * rec;
-    int nb = 0;
-    CK(cudaFuncSetAttribute(bulk_kernel<NV, C, S, R, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, bulk_kernel<NV, C, S, R, MINB>, 256, smem));
+    const int nb = blocks_an_sm((const void *)bulk_kernel<NV, C, S, R, MINB>, smem);
     const int grid = nb * g_sms;
     const float us = time_rot(mbytes, [&](const uint8_t *p) { Geo g = G; g.w = p; bulk_kernel<NV, C, S, R, MINB><<<grid, 256, smem>>>(g, g_out); });
     const double gbs = mbytes / (us * 1e3);
@@ -258,9 +243,7 @@ template <int NV, int C, int S, int R, int MINB = 2> static void bulk(const char
 template <int J, int MINB> static void readj() {
     const size_t pb = (size_t)1000 << 20;
     const int smem = (220 << 10) / MINB - 2048;
-    int nb = 0;
-    CK(cudaFuncSetAttribute(readj_kernel<J, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, readj_kernel<J, MINB>, 256, smem));
+    const int nb = blocks_an_sm((const void *)readj_kernel<J, MINB>, smem);
     const float us = time_rot(pb, [&](const uint8_t *p) { readj_kernel<J, MINB><<<g_sms * nb, 256, smem>>>((const uint4 *)p, pb / 16, g_out); });
     const double gbs = pb / (us * 1e3);
     printf("read J %d blk/SM %d (%5.1f KB in flight an SM): %7.1f GB/s %5.1f %%\n", J, nb, nb * 256 * 16 * J / 1024.0, gbs, 100.0 * gbs / g_peak);
@@ -279,21 +262,21 @@ template <int NV, int D, int T> static void lay() {
 }
 
 int main(int argc, char **argv) {
-    const int sec = argc > 1 ? atoi(argv[1]) : 0; /* 0: the register-ring sections; 1: the read curve and the bulk ring */
+    const int sec = argc > 1 ? atoi(argv[1]) : 0; /* the header's sections */
     CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
     g_bytes = (size_t)1 << 30;
     CK(cudaMalloc(&g_buf, g_bytes));
     CK(cudaMemset(g_buf, 0x11, g_bytes));
     CK(cudaMalloc(&g_out, 1 << 24));
     const size_t pb = (size_t)1000 << 20;
-    float us = time_rot(pb, [&](const uint8_t *p) { read_kernel<<<g_sms * 8, 256>>>((const uint4 *)p, pb / 16, g_out); });
+    float us = time_rot(pb, [&](const uint8_t *p) { readj_kernel<8, 1><<<g_sms * 8, 256>>>((const uint4 *)p, pb / 16, g_out); });
     g_peak = pb / (us * 1e3);
     printf("read: %.1f us, %.1f GB/s (%d SMs)\n", us, g_peak, g_sms);
     if (sec == 2) { /* launches back to back, as keel bench stream times them: the plain read at the tile's sizes */
         g_batch = 10;
         for (size_t mb : {24, 48, 84, 110, 170, 256}) {
             const size_t b = mb << 20;
-            float t = time_rot(b, [&](const uint8_t *p) { read_kernel<<<g_sms * 8, 256>>>((const uint4 *)p, b / 16, g_out); });
+            float t = time_rot(b, [&](const uint8_t *p) { readj_kernel<8, 1><<<g_sms * 8, 256>>>((const uint4 *)p, b / 16, g_out); });
             printf("read %4zu MB back to back: %7.2f us, %7.1f GB/s %5.1f %% (floor %.2f us, over %.2f)\n", mb, t, b / (t * 1e3),
                    100.0 * b / (t * 1e3) / g_peak, b / (g_peak * 1e3), t - b / (g_peak * 1e3));
         }
