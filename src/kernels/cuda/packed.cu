@@ -100,6 +100,8 @@ struct PParams {
 #ifndef KEEL_PK_SPLIT_KERNEL /* the k-in-parts kernel is built (the contract twin leaves it out) */
 #define KEEL_PK_SPLIT_KERNEL 1
 #endif
+/* the unsplit walk steps by P's strides and so reads span-major packs: only where no split kernel takes them (the twin) */
+constexpr bool kPkUnsplitStrides = !KEEL_PK_SPLIT_KERNEL;
 
 /* The parts the packed tile walks k in: 2 where few row tiles and a long k would leave most of the chip idle with one
  * warp a tile, 4 where k is twice as long again (a warp then walks two tiles' quarters side by side where the width
@@ -334,9 +336,9 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
     /* the load cursor: its record pointer and the spans left in its unit (a count, no tile arithmetic a span). The
      * unsplit kernel's walks take tile-major matrices (keel_cuda_pack_upload), a unit's second tile tstride on (0
      * when past the last tile); the split walks take either layout through P's strides, a second tile past the last
-     * one reading the pack's zero tile, and units step apart (step even, or 0); so do all walks of the contract twin,
-     * which has no split kernel and runs the split shapes' span-major packs on its unsplit walk */
-    constexpr bool kSplitWalk = SPLIT || PART || !KEEL_PK_SPLIT_KERNEL;
+     * one reading the pack's zero tile, and units step apart (step even, or 0); so does the unsplit walk where
+     * kPkUnsplitStrides */
+    constexpr bool kSplitWalk = SPLIT || PART || kPkUnsplitStrides;
     const long long tstride = kSplitWalk ? 0LL : (long long)P.ns * P.rec; /* the unsplit walk's tile stride */
     const long long tjump = kSplitWalk ? (long long)(T * step / 2) * P.pstr - (long long)nsp * P.sstr
                                        : (long long)T * step * tstride - (long long)nsp * P.rec;
@@ -814,7 +816,7 @@ extern "C" void keel_cuda_stream_matmul_packed(const keel_cuda_pw *W, const void
     P.last = (long long)m * W->n - 1;
     const int S = pk_splits(W->n, W->k);
     P.split = S > 1 ? S : 0;
-    KEEL_ASSERTF(!W->span_major || P.split || !KEEL_PK_SPLIT_KERNEL, "packed tile: a span-major matrix "
+    KEEL_ASSERTF(!W->span_major || P.split || kPkUnsplitStrides, "packed tile: a span-major matrix "
                  "(keel_cuda_pack_upload packs one only where k splits) on the unsplit kernel's tile-major walk");
     if (xdt == KEEL_DT_F16)
         launch_pk_bits<true>(W->bits, P, (cudaStream_t)stream);
