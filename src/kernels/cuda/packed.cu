@@ -314,19 +314,28 @@ template <int T> __device__ __forceinline__ void parts_meet(const PParams &P, in
         }
 }
 
+/* The walk's hook when nothing waits for its first loads. */
+struct NoHook {
+    __device__ __forceinline__ void operator()() const {}
+};
+
 /* A warp's walk over spans [s0, s1) of its units u0, u0 + step, ... (nt of them; unit u is tiles Tu..Tu + T - 1,
  * a tile past the last one reads tile Tu and stores nothing), its ring of D spans a tile (PGeo) running across unit
  * boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one unit,
  * a chunk of its k) leaves its sums in acc. SPLIT: packed_split's walk (its ring depth, PGeo). ptxas gives every
  * weight load of the ring one scoreboard, so a wait for the oldest span waits for all in flight; with K > 1 the
- * walk loads K spans at once every K steps, after the wait for the current one, so each load has K steps to land. */
-template <int B, bool XF16, bool ONE, int LG, int T, bool PART, bool SPLIT = false>
+ * walk loads K spans at once every K steps, after the wait for the current one, so each load has K steps to land.
+ * hook: called once the first spans are loading, and by a warp with nothing to walk (it may be block-wide). */
+template <int B, bool XF16, bool ONE, int LG, int T, bool PART, bool SPLIT = false, class Hook = NoHook>
 __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt, int s0, int s1, bool final,
                                      const uint4 *xf, const float *xs, int nblk, int ngc, int lane,
-                                     float (*acc)[4]) {
+                                     float (*acc)[4], const Hook &hook = Hook()) {
     constexpr int D = PGeo<B, T, ONE, LG, SPLIT>::D, K = PGeo<B, T, ONE, LG, SPLIT>::K, U = PGeo<B, T, ONE, LG, SPLIT>::U;
     const int nsp = s1 - s0, total = nt * nsp;
-    if (total <= 0) return;
+    if (total <= 0) {
+        hook(); /* block-wide: every warp calls it */
+        return;
+    }
     const int g = lane >> 2, t = lane & 3;
     const int gx = g < P.m ? g : 0, r0 = 2 * t < P.m ? 2 * t : 0, r1 = 2 * t + 1 < P.m ? 2 * t + 1 : 0;
     const uint4 *xrow = xf + gx * nblk * 4 + t;
@@ -372,6 +381,7 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
 #pragma unroll
     for (int d = 0; d < D - K; d++)
         if (d < total) load(buf[d]);
+    hook(); /* x put in order while the first spans are on their way */
     /* the compute cursor: the unit's ordinal, the spans left in it, its x fragments and x sums */
     int ct = 0, cleft = nsp;
     const uint4 *xp = xrow;
@@ -465,6 +475,55 @@ __device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int
     __syncthreads();
 }
 
+/* Widths whose split walks take XOrder without spills: not 6 bits (sm_90) and none in sm_80's image. */
+template <int B> constexpr bool kPkEarly = KEEL_PK_ARCH_PAIRS && B != 6;
+
+/* Whether packed_split may copy x asynchronously: one row, 16-byte aligned (its regions start at whole spans). */
+__device__ __forceinline__ bool x_async_ok(const PParams &P) {
+    return P.m == 1 && ((uintptr_t)P.x & 15u) == 0;
+}
+
+/* The first half of stage_parts at m = 1: each thread copies its x uint4s of the R regions asynchronously in natural
+ * order (xf_at at m = 1 is the natural uint4 index) and zeros the padding; XOrder puts them in fragment order. */
+__device__ __forceinline__ void copy_parts(const PParams &P, int R, int hs, int lenp, uint4 *smem, size_t xfn) {
+    const int nunits = lenp / 8;
+    for (int h = 0; h < R; h++) {
+        const int c0 = h * hs * kSpan, nlive = max(0, min(lenp, P.k - c0)) / 8;
+        for (int e = threadIdx.x; e < nunits; e += kPkThreads) {
+            if (e < nlive) kp_cp_async16(smem + h * xfn + e, P.x + c0 + 8 * e);
+            else smem[h * xfn + e] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    kp_cp_commit();
+}
+
+/* The second half, called by the walk once its first spans are loading (every warp of the block calls it): waits
+ * for this thread's copies, puts its own uint4s in stage_x's fragment order in place, then the per-group sums. */
+template <int B, bool XF16> struct XOrder {
+    const PParams &P;
+    int R, lenp;
+    uint4 *smem;
+    size_t xfn;
+    float *xs0;
+    size_t xsn;
+    bool on;
+    __device__ __forceinline__ void operator()() const {
+        if (!on) return;
+        const int nunits = lenp / 8;
+        kp_cp_wait<0>();
+        for (int h = 0; h < R; h++)
+            for (int e = threadIdx.x; e < nunits; e += kPkThreads) {
+                uint4 *q = smem + h * xfn + e;
+                const uint4 v = *q;
+                *q = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                                __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+            }
+        __syncthreads();
+        for (int h = 0; h < R; h++) stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn);
+        __syncthreads();
+    }
+};
+
 /* k in S parts (P.split: 2 or 4, its own kernel) at m = 1 (m > 1: packed_run's parts on blocks of their own); each
  * part's sum runs over its spans from zero, and the parts add in a fixed order (((first + second) + third) + fourth)
  * before the first warp stores, so the bits never depend on m, T, the chunking, the layout or the grid. Two layouts
@@ -486,7 +545,11 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
     float *xs0 = (float *)(smem + R * xfn);
     float *psum = xs0 + R * xsn; /* (R regions, slots, 32 lanes, per, T, 4) the parts' sums */
     kp_grid_wait(); /* x belongs to the previous kernel until now */
-    if (nchunk == 1) stage_parts<B, XF16>(P, R, hs, 0, P.xk, smem, xfn, xs0, xsn); /* one chunk: staged once */
+    /* one chunk: staged once; at m = 1 copied asynchronously and put in order by the first walk after its first loads */
+    const bool early = kPkEarly<B> && nchunk == 1 && x_async_ok(P);
+    if (early) copy_parts(P, R, hs, P.xk, smem, xfn);
+    else if (nchunk == 1) stage_parts<B, XF16>(P, R, hs, 0, P.xk, smem, xfn, xs0, xsn);
+    bool pending = early; /* the first walk call of the block's first round puts x in order */
     for (int base = blockIdx.x * slots; base < units; base += gridDim.x * slots) {
         const int unit = base + slot, bq = reg * hs + hq; /* bq: the second part's first span (per = 2) */
         float *mine = psum + ((size_t)(reg * slots + slot) * 32 + lane) * per * T * 4; /* this warp's parts */
@@ -505,9 +568,11 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
 #pragma unroll
                         for (int v = 0; v < 4; v++) mine[u * 4 + v] = acc[u][v], acc[u][v] = 0.f;
                 }
+                const XOrder<B, XF16> hook = {P, R, P.xk, smem, xfn, xs0, xsn, pending};
+                pending = false;
                 walk<B, XF16, ONE, LG, T, false, true>(P, unit, 0, unit < units, a, e, false,
                                                        smem + reg * xfn + (a - s0) * 16, xs0 + reg * xsn + (a - s0) * gps,
-                                                       lenp / 32, lenp / P.group, lane, acc);
+                                                       lenp / 32, lenp / P.group, lane, acc, hook);
             }
         }
         if (reg) {
