@@ -459,6 +459,14 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
     }
 }
 
+/* The per-group sums of the R regions' staged x (stage_xsum each), then a barrier. */
+template <int B, bool XF16>
+__device__ __forceinline__ void sum_parts(const PParams &P, int R, int lenp, const uint4 *smem, size_t xfn, float *xs0,
+                                          size_t xsn) {
+    for (int h = 0; h < R; h++) stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn);
+    __syncthreads();
+}
+
 /* Stages chunk c (lenp codes a region) of each of the R regions' x side by side (region h from span h * hs),
  * then their per-group sums. */
 template <int B, bool XF16>
@@ -471,8 +479,7 @@ __device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int
         stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, min(lenp, P.k - c0), lenp, smem + h * xfn);
     }
     __syncthreads();
-    for (int h = 0; h < R; h++) stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn);
-    __syncthreads();
+    sum_parts<B, XF16>(P, R, lenp, smem, xfn, xs0, xsn);
 }
 
 /* Widths whose split walks take XOrder without spills: not 6 bits (sm_90) and none in sm_80's image. */
@@ -498,7 +505,7 @@ __device__ __forceinline__ void copy_parts(const PParams &P, int R, int hs, int 
 }
 
 /* The second half, called by the walk once its first spans are loading (every warp of the block calls it): waits
- * for this thread's copies, puts its own uint4s in stage_x's fragment order in place, then the per-group sums. */
+ * for this thread's copies, puts its own uint4s in fragment order (xf_order) in place, then the per-group sums. */
 template <int B, bool XF16> struct XOrder {
     const PParams &P;
     int R, lenp;
@@ -515,12 +522,10 @@ template <int B, bool XF16> struct XOrder {
             for (int e = threadIdx.x; e < nunits; e += kPkThreads) {
                 uint4 *q = smem + h * xfn + e;
                 const uint4 v = *q;
-                *q = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
-                                __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+                *q = xf_order(v.x, v.y, v.z, v.w);
             }
         __syncthreads();
-        for (int h = 0; h < R; h++) stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, smem + h * xfn, xs0 + h * xsn);
-        __syncthreads();
+        sum_parts<B, XF16>(P, R, lenp, smem, xfn, xs0, xsn);
     }
 };
 

@@ -116,6 +116,13 @@ template <int B, bool XF16> __device__ __forceinline__ void codes_to_pairs(unsig
  * (j ^ 1), so the two rows a quarter-warp's 16-byte fragment loads read (g, g + 1) hit different banks. */
 __device__ __forceinline__ int xf_at(int r, int j, int t, int nblk) { return (r * nblk + (j ^ (r & 1))) * 4 + t; }
 
+/* x[8t..8t+7] of a block, as four words in memory order, in mma fragment order: word i holds x[8t + i] and
+ * x[8t + i + 4]. */
+__device__ __forceinline__ uint4 xf_order(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+    return make_uint4(__byte_perm(w0, w2, 0x5410), __byte_perm(w0, w2, 0x7632), __byte_perm(w1, w3, 0x5410),
+                      __byte_perm(w1, w3, 0x7632));
+}
+
 /* Stages x-chunk [c0, c0 + len) of the item's m rows in mma fragment order: a uint4 per (row, block, t) at
  * xf[xf_at(row, block, t, lenp/32)] holding x[8t + i] and x[8t + i + 4] of the block in word i, zeros up to
  * lenp (whole stages). Rows outside the mask are zeros. Loads go out in batches. */
@@ -140,8 +147,7 @@ __device__ __forceinline__ void stage_x(int m, int k, const uint16_t *__restrict
         for (int b = 0; b < kBatch; b++) {
             const int e = base + b * NT, t = e & 3, r = (e >> 2) % m, j = (e >> 2) / m;
             if (e < nunits)
-                xf[xf_at(r, j, t, nblk)] = make_uint4(__byte_perm(w[b][0], w[b][2], 0x5410), __byte_perm(w[b][0], w[b][2], 0x7632),
-                                   __byte_perm(w[b][1], w[b][3], 0x5410), __byte_perm(w[b][1], w[b][3], 0x7632));
+                xf[xf_at(r, j, t, nblk)] = xf_order(w[b][0], w[b][1], w[b][2], w[b][3]);
         }
     }
 }
