@@ -314,11 +314,6 @@ template <int T> __device__ __forceinline__ void parts_meet(const PParams &P, in
         }
 }
 
-/* The walk's hook when nothing waits for its first loads. */
-struct NoHook {
-    __device__ __forceinline__ void operator()() const {}
-};
-
 /* A warp's walk over spans [s0, s1) of its units u0, u0 + step, ... (nt of them; unit u is tiles Tu..Tu + T - 1,
  * a tile past the last one reads tile Tu and stores nothing), its ring of D spans a tile (PGeo) running across unit
  * boundaries. The x-chunk in shared memory starts at span s0. Stores each tile when `final`; otherwise (one unit,
@@ -326,10 +321,10 @@ struct NoHook {
  * weight load of the ring one scoreboard, so a wait for the oldest span waits for all in flight; with K > 1 the
  * walk loads K spans at once every K steps, after the wait for the current one, so each load has K steps to land.
  * hook: called once the first spans are loading, and by a warp with nothing to walk (it may be block-wide). */
-template <int B, bool XF16, bool ONE, int LG, int T, bool PART, bool SPLIT = false, class Hook = NoHook>
+template <int B, bool XF16, bool ONE, int LG, int T, bool PART, bool SPLIT, class Hook>
 __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt, int s0, int s1, bool final,
                                      const uint4 *xf, const float *xs, int nblk, int ngc, int lane,
-                                     float (*acc)[4], const Hook &hook = Hook()) {
+                                     float (*acc)[4], const Hook &hook) {
     constexpr int D = PGeo<B, T, ONE, LG, SPLIT>::D, K = PGeo<B, T, ONE, LG, SPLIT>::K, U = PGeo<B, T, ONE, LG, SPLIT>::U;
     const int nsp = s1 - s0, total = nt * nsp;
     if (total <= 0) {
@@ -378,10 +373,14 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
             }
         }
     };
+    constexpr int HA = Hook::kAfter < D - K ? Hook::kAfter : D - K; /* spans in flight when the hook runs */
 #pragma unroll
-    for (int d = 0; d < D - K; d++)
+    for (int d = 0; d < HA; d++)
         if (d < total) load(buf[d]);
     hook(); /* x put in order while the first spans are on their way */
+#pragma unroll
+    for (int d = HA; d < D - K; d++)
+        if (d < total) load(buf[d]);
     /* the compute cursor: the unit's ordinal, the spans left in it, its x fragments and x sums */
     int ct = 0, cleft = nsp;
     const uint4 *xp = xrow;
@@ -426,39 +425,6 @@ __device__ __forceinline__ void walk(const PParams &P, int u0, int step, int nt,
     }
 }
 
-/* PART: k in P.split parts on blocks of their own (the grid a multiple of split): block b walks part b % split of its
- * units, staging that part of x alone, and parts_meet adds the parts; else each block walks all of k. */
-template <int B, bool XF16, bool ONE, int LG, int T, bool PART>
-__device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *xs) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ls = P.split >> 1; /* PART: log2 of split (2 or 4) */
-    const int bi = PART ? blockIdx.x >> ls : blockIdx.x, nb = PART ? gridDim.x >> ls : gridDim.x;
-    const int kr = PART ? P.kp >> ls : P.kp, sr = PART ? (blockIdx.x & (P.split - 1)) * (P.ns >> ls) : 0; /* codes, first span */
-    const int nchunk = (kr + P.xk - 1) / P.xk, spc = P.xk / kSpan, units = (P.tiles + T - 1) / T;
-    const bool whole = nchunk == 1; /* x staged once, each warp walks all its units; else one unit a round */
-    /* whole: warp slots block-minor, so a grid with fewer units than warps keeps every block (and SM) busy */
-    const int nw = nb * kPkWarps, gw = whole ? warp * nb + bi : bi * kPkWarps + warp;
-    float acc[T][4];
-#pragma unroll
-    for (int u = 0; u < T; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
-    kp_grid_wait(); /* x (and the scratch) belong to the previous kernel until now */
-    for (int base = bi * kPkWarps; base < (whole ? bi * kPkWarps + 1 : units); base += nw) {
-        const int unit = whole ? gw : base + warp;
-        const int nt = whole ? (gw < units ? (units - gw + nw - 1) / nw : 0) : unit < units;
-        for (int c = 0; c < nchunk; c++) {
-            const int c0 = sr * kSpan + c * P.xk, lenp = min(P.xk, kr - c * P.xk), len = min(lenp, P.k - c0);
-            __syncthreads();
-            stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, len, lenp, xf);
-            __syncthreads();
-            stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, xf, xs);
-            __syncthreads();
-            walk<B, XF16, ONE, LG, T, PART>(P, unit, nw, nt, sr + c * spc, sr + c * spc + lenp / kSpan,
-                                            c == nchunk - 1, xf, xs, lenp / 32, lenp / P.group, lane, acc);
-        }
-        if constexpr (PART) parts_meet<T>(P, unit, nw, nt, lane);
-    }
-}
-
 /* The per-group sums of the R regions' staged x (stage_xsum each), then a barrier. */
 template <int B, bool XF16>
 __device__ __forceinline__ void sum_parts(const PParams &P, int R, int lenp, const uint4 *smem, size_t xfn, float *xs0,
@@ -484,39 +450,51 @@ __device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int
 
 /* Widths whose split walks take XOrder without spills: not 6 bits (sm_90) and none in sm_80's image. */
 template <int B> constexpr bool kPkEarly = KEEL_PK_ARCH_PAIRS && B != 6;
+/* The unsplit and parts kernels' walks that take XOrder without spills on sm_90: all but the 4-bit pair and parts
+ * walks, the 3-bit bf16 parts walks and the 2-bit bf16 pair walks; none in sm_80's image. */
+template <int B, bool XF16, int T, bool PART>
+constexpr bool kPkEarlyRun = KEEL_PK_ARCH_PAIRS && !(B == 4 && (T == 2 || PART)) && !(!XF16 && B == 3 && PART) &&
+                             !(!XF16 && B == 2 && T == 2);
 
-/* Whether packed_split may copy x asynchronously: one row, 16-byte aligned (its regions start at whole spans). */
+/* Whether x may be copied asynchronously: 16-byte aligned, and so is every row (its regions start at whole spans). */
 __device__ __forceinline__ bool x_async_ok(const PParams &P) {
-    return P.m == 1 && ((uintptr_t)P.x & 15u) == 0;
+    return ((uintptr_t)P.x & 15u) == 0 && (P.m == 1 || P.k % 8 == 0);
 }
 
-/* The first half of stage_parts at m = 1: each thread copies its x uint4s of the R regions asynchronously in natural
- * order (xf_at at m = 1 is the natural uint4 index) and zeros the padding; XOrder puts them in fragment order. */
-__device__ __forceinline__ void copy_parts(const PParams &P, int R, int hs, int lenp, uint4 *smem, size_t xfn) {
-    const int nunits = lenp / 8;
+/* The first half of stage_x (m rows, m a constant 1 where the caller knows it): each thread copies its uint4s of
+ * x-chunk [c0, c0 + len) asynchronously straight to their places xf_at(row, block, t) (at m = 1 the natural uint4
+ * index) and zeros the padding; XOrder puts each slot's words in fragment order. */
+__device__ __forceinline__ void copy_x(const PParams &P, int m, int c0, int len, int lenp, uint4 *xf) {
+    const int nblk = lenp / 32, nunits = m * nblk * 4, lblk = len / 32;
+    for (int d = threadIdx.x; d < nunits; d += kPkThreads) {
+        const int q = d >> 2, r = m == 1 ? 0 : q / nblk, j = (q - r * nblk) ^ (r & 1);
+        if (j < lblk) kp_cp_async16(xf + d, P.x + (long long)r * P.k + c0 + 32 * j + 8 * (d & 3));
+        else xf[d] = make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+/* copy_x of each of the R regions' chunk (region h from span h * hs), one commit. */
+__device__ __forceinline__ void copy_parts(const PParams &P, int m, int R, int hs, int lenp, uint4 *smem, size_t xfn) {
     for (int h = 0; h < R; h++) {
-        const int c0 = h * hs * kSpan, nlive = max(0, min(lenp, P.k - c0)) / 8;
-        for (int e = threadIdx.x; e < nunits; e += kPkThreads) {
-            if (e < nlive) kp_cp_async16(smem + h * xfn + e, P.x + c0 + 8 * e);
-            else smem[h * xfn + e] = make_uint4(0u, 0u, 0u, 0u);
-        }
+        const int c0 = h * hs * kSpan;
+        copy_x(P, m, c0, max(0, min(lenp, P.k - c0)), lenp, smem + h * xfn);
     }
     kp_cp_commit();
 }
 
 /* The second half, called by the walk once its first spans are loading (every warp of the block calls it): waits
- * for this thread's copies, puts its own uint4s in fragment order (xf_order) in place, then the per-group sums. */
-template <int B, bool XF16> struct XOrder {
+ * for this thread's copies, puts its own uint4s in fragment order (xf_order) in place, then the per-group sums. The
+ * R regions of whole x (P.xk codes each, their sums after them: pk_smem_bytes) are found from P alone, so the walk
+ * holds no registers for them across its first loads. */
+template <int B, bool XF16, bool ONE, int R> struct XOrder {
+    static constexpr int kAfter = R > 1 ? 1 << 20 : 1; /* the walk's spans in flight before it: all D - K, or one */
     const PParams &P;
-    int R, lenp;
     uint4 *smem;
-    size_t xfn;
-    float *xs0;
-    size_t xsn;
     bool on;
     __device__ __forceinline__ void operator()() const {
         if (!on) return;
-        const int nunits = lenp / 8;
+        const int m = ONE ? 1 : P.m, nunits = m * P.xk / 8;
+        const size_t xfn = (size_t)m * P.xk / 8, xsn = (size_t)m * xs_stride<B>(P.xk / P.group);
         kp_cp_wait<0>();
         for (int h = 0; h < R; h++)
             for (int e = threadIdx.x; e < nunits; e += kPkThreads) {
@@ -525,9 +503,50 @@ template <int B, bool XF16> struct XOrder {
                 *q = xf_order(v.x, v.y, v.z, v.w);
             }
         __syncthreads();
-        sum_parts<B, XF16>(P, R, lenp, smem, xfn, xs0, xsn);
+        sum_parts<B, XF16>(P, R, P.xk, smem, xfn, (float *)(smem + R * xfn), xsn);
     }
 };
+
+/* PART: k in P.split parts on blocks of their own (the grid a multiple of split): block b walks part b % split of its
+ * units, staging that part of x alone, and parts_meet adds the parts; else each block walks all of k. */
+template <int B, bool XF16, bool ONE, int LG, int T, bool PART>
+__device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *xs) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ls = P.split >> 1; /* PART: log2 of split (2 or 4) */
+    const int bi = PART ? blockIdx.x >> ls : blockIdx.x, nb = PART ? gridDim.x >> ls : gridDim.x;
+    const int kr = PART ? P.kp >> ls : P.kp, sr = PART ? (blockIdx.x & (P.split - 1)) * (P.ns >> ls) : 0; /* codes, first span */
+    const int nchunk = (kr + P.xk - 1) / P.xk, spc = P.xk / kSpan, units = (P.tiles + T - 1) / T;
+    const bool whole = nchunk == 1; /* x staged once, each warp walks all its units; else one unit a round */
+    const bool early = kPkEarlyRun<B, XF16, T, PART> && whole && x_async_ok(P); /* x copied, then ordered by the walk */
+    /* whole: warp slots block-minor, so a grid with fewer units than warps keeps every block (and SM) busy */
+    const int nw = nb * kPkWarps, gw = whole ? warp * nb + bi : bi * kPkWarps + warp;
+    float acc[T][4];
+#pragma unroll
+    for (int u = 0; u < T; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
+    kp_grid_wait(); /* x (and the scratch) belong to the previous kernel until now */
+    for (int base = bi * kPkWarps; base < (whole ? bi * kPkWarps + 1 : units); base += nw) {
+        const int unit = whole ? gw : base + warp;
+        const int nt = whole ? (gw < units ? (units - gw + nw - 1) / nw : 0) : unit < units;
+        for (int c = 0; c < nchunk; c++) {
+            const int c0 = sr * kSpan + c * P.xk, lenp = min(P.xk, kr - c * P.xk), len = max(0, min(lenp, P.k - c0));
+            if (early) { /* whole x: one round, one walk call a warp, which puts x in order after its first loads */
+                copy_x(P, ONE ? 1 : P.m, c0, len, lenp, xf);
+                kp_cp_commit();
+            } else {
+                __syncthreads();
+                stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, len, lenp, xf);
+                __syncthreads();
+                stage_xsum<kPkThreads, B, XF16>(P.m, P.group, lenp, xf, xs);
+                __syncthreads();
+            }
+            const XOrder<B, XF16, ONE, 1> hook = {P, xf, early}; /* lenp is P.xk where early */
+            walk<B, XF16, ONE, LG, T, PART, false, XOrder<B, XF16, ONE, 1>>(P, unit, nw, nt, sr + c * spc,
+                                                                     sr + c * spc + lenp / kSpan, c == nchunk - 1, xf,
+                                                                     xs, lenp / 32, lenp / P.group, lane, acc, hook);
+        }
+        if constexpr (PART) parts_meet<T>(P, unit, nw, nt, lane);
+    }
+}
 
 /* k in S parts (P.split: 2 or 4, its own kernel) at m = 1 (m > 1: packed_run's parts on blocks of their own); each
  * part's sum runs over its spans from zero, and the parts add in a fixed order (((first + second) + third) + fourth)
@@ -551,8 +570,8 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
     float *psum = xs0 + R * xsn; /* (R regions, slots, 32 lanes, per, T, 4) the parts' sums */
     kp_grid_wait(); /* x belongs to the previous kernel until now */
     /* one chunk: staged once; at m = 1 copied asynchronously and put in order by the first walk after its first loads */
-    const bool early = kPkEarly<B> && nchunk == 1 && x_async_ok(P);
-    if (early) copy_parts(P, R, hs, P.xk, smem, xfn);
+    const bool early = kPkEarly<B> && nchunk == 1 && P.m == 1 && x_async_ok(P);
+    if (early) copy_parts(P, 1, R, hs, P.xk, smem, xfn);
     else if (nchunk == 1) stage_parts<B, XF16>(P, R, hs, 0, P.xk, smem, xfn, xs0, xsn);
     bool pending = early; /* the first walk call of the block's first round puts x in order */
     for (int base = blockIdx.x * slots; base < units; base += gridDim.x * slots) {
@@ -573,9 +592,9 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
 #pragma unroll
                         for (int v = 0; v < 4; v++) mine[u * 4 + v] = acc[u][v], acc[u][v] = 0.f;
                 }
-                const XOrder<B, XF16> hook = {P, R, P.xk, smem, xfn, xs0, xsn, pending};
+                const XOrder<B, XF16, ONE, R> hook = {P, smem, pending};
                 pending = false;
-                walk<B, XF16, ONE, LG, T, false, true>(P, unit, 0, unit < units, a, e, false,
+                walk<B, XF16, ONE, LG, T, false, true, XOrder<B, XF16, ONE, R>>(P, unit, 0, unit < units, a, e, false,
                                                        smem + reg * xfn + (a - s0) * 16, xs0 + reg * xsn + (a - s0) * gps,
                                                        lenp / 32, lenp / P.group, lane, acc, hook);
             }
