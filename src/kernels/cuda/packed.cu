@@ -450,11 +450,12 @@ __device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int
 
 /* Widths whose split walks take XOrder without spills: not 6 bits (sm_90) and none in sm_80's image. */
 template <int B> constexpr bool kPkEarly = KEEL_PK_ARCH_PAIRS && B != 6;
-/* The unsplit and parts kernels' walks that take XOrder without spills on sm_90: all but the 4-bit pair and parts
- * walks, the 3-bit bf16 parts walks and the 2-bit bf16 pair walks; none in sm_80's image. */
-template <int B, bool XF16, int T, bool PART>
-constexpr bool kPkEarlyRun = KEEL_PK_ARCH_PAIRS && !(B == 4 && (T == 2 || PART)) && !(!XF16 && B == 3 && PART) &&
-                             !(!XF16 && B == 2 && T == 2);
+/* The unsplit and parts kernels' walks that take XOrder: not the m = 1 pair walks (slower with it), and where sm_90
+ * spills with it not the 4-bit pair and parts walks, the 3-bit bf16 parts walks and the 2-bit bf16 pair walks; none
+ * in sm_80's image. */
+template <int B, bool XF16, bool ONE, int T, bool PART>
+constexpr bool kPkEarlyRun = KEEL_PK_ARCH_PAIRS && !(ONE && T == 2 && B != 5) && !(B == 4 && (T == 2 || PART)) &&
+                             !(!XF16 && B == 3 && PART) && !(!XF16 && B == 2 && T == 2);
 
 /* Whether x may be copied asynchronously: 16-byte aligned, and so is every row (its regions start at whole spans). */
 __device__ __forceinline__ bool x_async_ok(const PParams &P) {
@@ -517,7 +518,7 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
     const int kr = PART ? P.kp >> ls : P.kp, sr = PART ? (blockIdx.x & (P.split - 1)) * (P.ns >> ls) : 0; /* codes, first span */
     const int nchunk = (kr + P.xk - 1) / P.xk, spc = P.xk / kSpan, units = (P.tiles + T - 1) / T;
     const bool whole = nchunk == 1; /* x staged once, each warp walks all its units; else one unit a round */
-    const bool early = kPkEarlyRun<B, XF16, T, PART> && whole && x_async_ok(P); /* x copied, then ordered by the walk */
+    const bool early = kPkEarlyRun<B, XF16, ONE, T, PART> && whole && x_async_ok(P); /* x copied, then ordered by the walk */
     /* whole: warp slots block-minor, so a grid with fewer units than warps keeps every block (and SM) busy */
     const int nw = nb * kPkWarps, gw = whole ? warp * nb + bi : bi * kPkWarps + warp;
     float acc[T][4];
