@@ -455,7 +455,7 @@ template <int B> constexpr bool kPkEarly = KEEL_PK_ARCH_PAIRS && B != 6;
  * the 3-bit bf16 parts walks and the 2-bit bf16 pair walks; none in sm_80's image. */
 template <int B, bool XF16, bool ONE, int T, bool PART>
 constexpr bool kPkEarlyRun = KEEL_PK_ARCH_PAIRS && !(ONE && T == 2 && B != 5) && !(B == 4 && (T == 2 || PART)) &&
-                             !(!XF16 && B == 3 && PART) && !(!XF16 && B == 2 && T == 2);
+                             !(!XF16 && B == 3 && PART) && !(!XF16 && B == 2 && T == 2 && !PART);
 
 /* Whether x may be copied asynchronously: 16-byte aligned, and so is every row (its regions start at whole spans). */
 __device__ __forceinline__ bool x_async_ok(const PParams &P) {
