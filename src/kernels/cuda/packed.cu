@@ -452,10 +452,10 @@ __device__ __forceinline__ void stage_parts(const PParams &P, int R, int hs, int
 template <int B> constexpr bool kPkEarly = KEEL_PK_ARCH_PAIRS && B != 6;
 /* The unsplit and parts kernels' walks that take XOrder: not the m = 1 pair walks (slower with it) but at 5 bits
  * (sm_90 spills the bf16 5-bit kernel without it), and where sm_90 spills with it not the 4-bit pair and parts walks,
- * the 3-bit bf16 parts walks and the 2-bit bf16 pair walks; none in sm_80's image. */
+ * the 3-bit bf16 parts walks and the 2-bit bf16 unsplit pair walks; none in sm_80's image. */
 template <int B, bool XF16, bool ONE, int T, bool PART>
 constexpr bool kPkEarlyRun = KEEL_PK_ARCH_PAIRS && !(ONE && T == 2 && B != 5) && !(B == 4 && (T == 2 || PART)) &&
-                             !(!XF16 && B == 3 && PART) && !(!XF16 && B == 2 && T == 2);
+                             !(!XF16 && B == 3 && PART) && !(!XF16 && B == 2 && T == 2 && !PART);
 
 /* Whether x may be copied asynchronously: 16-byte aligned, and so is every row (its regions start at whole spans). */
 __device__ __forceinline__ bool x_async_ok(const PParams &P) {
