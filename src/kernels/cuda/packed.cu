@@ -59,17 +59,23 @@ constexpr int kPkRows = KEEL_CUDA_PACK_ROWS; /* rows of a tile (the mma m16 side
 #define KEEL_PK_PAIRS(B, ONE, LG) (KEEL_PK_ARCH_PAIRS && (B) <= ((ONE) ? 5 : 4) && (LG) >= 1)
 #endif
 
+#if defined(__HIPCC__) /* the AMD compiler keeps a third span of the parts walks in scratch */
+#define KEEL_PK_PART3 0
+#else
+#define KEEL_PK_PART3 1
+#endif
+
 /* Per-width constants: register ring depth (D spans of each of T tiles, D - K of them in flight). Two tiles side by
  * side (two independent decode and mma chains a warp, sharing each span's x fragments) fit 128 registers where
  * KEEL_PK_PAIRS allows them. Three spans where they fit sm_90's 128 registers without spills: one tile below 5 bits,
  * two tiles at 2 bits (m = 1); in the split kernel's m = 1 walks (SPLIT) also one tile at 5-6 bits and at 8 bits with
- * one group a span, two tiles at 3 bits and at 4-5 bits with one group a span; in the parts kernel's walks (PART) two
- * tiles at 2 bits with one group a span. K: spans loaded as one batch every K steps (D = 2K; walk's comment says
- * why), in the split kernel's one-tile m = 1 walks at 2-3 bits. */
+ * one group a span, two tiles at 3 bits and at 4-5 bits with one group a span; in the parts kernel's walks (PART,
+ * CUDA only) two tiles at 2 bits with one group a span. K: spans loaded as one batch every K steps (D = 2K; walk's
+ * comment says why), in the split kernel's one-tile m = 1 walks at 2-3 bits. */
 template <int B, int T, bool ONE, int LG, bool SPLIT = false, bool PART = false> struct PGeo {
     static constexpr bool S1 = SPLIT && ONE; /* the split kernel's m = 1 walks */
     static constexpr int K = S1 && T == 1 && B <= 3 ? 2 : 1;
-    static constexpr bool P3 = (ONE && B == 2) || (PART && B == 2 && LG == 2) ||
+    static constexpr bool P3 = (ONE && B == 2) || (KEEL_PK_PART3 && PART && B == 2 && LG == 2) ||
                                (S1 && (B == 3 || (B <= 5 && LG == 2))); /* pair walks of three spans */
     static constexpr int D = K > 1 ? 2 * K : T == 1 ? (B < 5 || (S1 && (B <= 6 || LG == 2)) ? 3 : 2) : P3 ? 3 : 2;
     /* steps a walk's loop unrolls: 2D in the split kernel's three-span m = 1 walks at 4-8 bits (but 5 bits group
