@@ -492,12 +492,22 @@ __device__ __forceinline__ void copy_parts(const PParams &P, int m, int R, int h
     kp_cp_commit();
 }
 
+#if defined(KP_HAVE_BULK)
+constexpr bool kPkLate = true;
+#else
+constexpr bool kPkLate = false;
+#endif
+
 /* The second half, called by the walk once its first spans are loading (every warp of the block calls it): waits
  * for this thread's copies, puts its own uint4s in fragment order (xf_order) in place, then the per-group sums. The
  * R regions of whole x (P.xk codes each, their sums after them: pk_smem_bytes) are found from P alone, so the walk
- * holds no registers for them across its first loads. */
+ * holds no registers for them across its first loads. LATE (m = 1 on sm_90, most widths): x is copied here, not before the walk,
+ * one bulk copy a region after the wait for the previous grid, so a dependent launch has its first weight spans in
+ * flight before that wait (the weights are no kernel's output); the padding is zeroed here too. */
 template <int B, bool XF16, bool ONE, int R> struct XOrder {
     static constexpr int kAfter = R > 1 ? 1 << 20 : 1; /* the walk's spans in flight before it: all D - K, or one */
+    /* not at 5 bits, nor the f16 3-bit split walks: sm_90 spills them with it */
+    static constexpr bool LATE = ONE && kPkLate && B != 5 && !(XF16 && B == 3 && R > 1);
     const PParams &P;
     uint4 *smem;
     bool on;
@@ -505,13 +515,31 @@ template <int B, bool XF16, bool ONE, int R> struct XOrder {
         if (!on) return;
         const int m = ONE ? 1 : P.m, nunits = m * P.xk / 8;
         const size_t xfn = (size_t)m * P.xk / 8, xsn = (size_t)m * xs_stride<B>(P.xk / P.group);
-        kp_cp_wait<0>();
-        for (int h = 0; h < R; h++)
+        if constexpr (LATE) {
+            __shared__ unsigned long long bar;
+            kp_grid_wait(); /* x belongs to the previous kernel until now */
+            if (threadIdx.x == 0) {
+                uint32_t bytes = 0;
+                for (int h = 0; h < R; h++) bytes += 2u * (uint32_t)max(0, min(P.xk, P.k - h * (P.ns / R) * kSpan));
+                kp_bulk_begin(&bar, bytes);
+                for (int h = 0; h < R; h++) {
+                    const int c0 = h * (P.ns / R) * kSpan, len = max(0, min(P.xk, P.k - c0));
+                    if (len > 0) kp_bulk_g2s(smem + h * xfn, P.x + c0, 2u * (uint32_t)len, &bar);
+                }
+            }
+            __syncthreads(); /* the barrier armed before any thread waits on it */
+            kp_bulk_wait(&bar);
+        } else {
+            kp_cp_wait<0>();
+        }
+        for (int h = 0; h < R; h++) {
+            const int lblk = LATE ? max(0, min(P.xk, P.k - h * (P.ns / R) * kSpan)) / 32 : 1 << 30;
             for (int e = threadIdx.x; e < nunits; e += kPkThreads) {
                 uint4 *q = smem + h * xfn + e;
                 const uint4 v = *q;
-                *q = xf_order(v.x, v.y, v.z, v.w);
+                *q = LATE && (e >> 2) >= lblk ? make_uint4(0u, 0u, 0u, 0u) : xf_order(v.x, v.y, v.z, v.w);
             }
+        }
         __syncthreads();
         sum_parts<B, XF16>(P, R, P.xk, smem, xfn, (float *)(smem + R * xfn), xsn);
     }
@@ -533,15 +561,18 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
     float acc[T][4];
 #pragma unroll
     for (int u = 0; u < T; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
-    kp_grid_wait(); /* x (and the scratch) belong to the previous kernel until now */
+    constexpr bool late = XOrder<B, XF16, ONE, 1>::LATE; /* early: XOrder copies x, after the previous grid */
+    if (!(early && late)) kp_grid_wait(); /* x (and the scratch) belong to the previous kernel until now */
     for (int base = bi * kPkWarps; base < (whole ? bi * kPkWarps + 1 : units); base += nw) {
         const int unit = whole ? gw : base + warp;
         const int nt = whole ? (gw < units ? (units - gw + nw - 1) / nw : 0) : unit < units;
         for (int c = 0; c < nchunk; c++) {
             const int c0 = sr * kSpan + c * P.xk, lenp = min(P.xk, kr - c * P.xk), len = max(0, min(lenp, P.k - c0));
             if (early) { /* whole x: one round, one walk call a warp, which puts x in order after its first loads */
-                copy_x(P, ONE ? 1 : P.m, c0, len, lenp, xf);
-                kp_cp_commit();
+                if (!late) {
+                    copy_x(P, ONE ? 1 : P.m, c0, len, lenp, xf);
+                    kp_cp_commit();
+                }
             } else {
                 __syncthreads();
                 stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, len, lenp, xf);
@@ -578,10 +609,12 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
     const size_t xfn = (size_t)P.m * P.xk / 8, xsn = (size_t)P.m * xs_stride<B>(P.xk / P.group); /* a chunk's uint4s, sums */
     float *xs0 = (float *)(smem + R * xfn);
     float *psum = xs0 + R * xsn; /* (R regions, slots, 32 lanes, per, T, 4) the parts' sums */
-    kp_grid_wait(); /* x belongs to the previous kernel until now */
-    /* one chunk: staged once; at m = 1 copied asynchronously and put in order by the first walk after its first loads */
+    /* one chunk: staged once; at m = 1 copied asynchronously and put in order by the first walk after its first loads
+     * (LATE: copied by that walk's XOrder, after the previous grid) */
     const bool early = kPkEarly<B> && nchunk == 1 && P.m == 1 && x_async_ok(P);
-    if (early) copy_parts(P, 1, R, hs, P.xk, smem, xfn);
+    constexpr bool late = XOrder<B, XF16, ONE, R>::LATE;
+    if (!(early && late)) kp_grid_wait(); /* x belongs to the previous kernel until now */
+    if (early && !late) copy_parts(P, 1, R, hs, P.xk, smem, xfn);
     else if (nchunk == 1) stage_parts<B, XF16>(P, R, hs, 0, P.xk, smem, xfn, xs0, xsn);
     bool pending = early; /* the first walk call of the block's first round puts x in order */
     for (int base = blockIdx.x * slots; base < units; base += gridDim.x * slots) {
