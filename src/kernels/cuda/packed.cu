@@ -735,12 +735,19 @@ template <int B> static size_t pk_smem_bytes(const PParams &P, int R) {
     return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * xs_stride<B>(P.xk / P.group) * 4) + psum;
 }
 
-/* The most shared memory one block of the current device may have (opt-in), in bytes. */
-static size_t pk_block_smem_max(void) {
+/* The most shared memory one block of the current device may have (opt-in), in bytes; with fn, the most dynamic
+ * shared memory a block of kernel fn may have (less its static shared memory). */
+static size_t pk_block_smem_max(const void *fn) {
     int dev = 0, optin = 0;
     KEEL_CUDA_CHECK(cudaGetDevice(&dev));
     KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return (size_t)optin;
+    size_t st = 0;
+    if (fn) {
+        cudaFuncAttributes fa;
+        KEEL_CUDA_CHECK(cudaFuncGetAttributes(&fa, fn));
+        st = fa.sharedSizeBytes;
+    }
+    return (size_t)optin - st;
 }
 
 /* The auto x budget of kernel fn: the largest (KiB steps) whose launches keep the blocks an SM that
@@ -750,7 +757,7 @@ static int pk_auto_xbytes(const void *fn) {
     (void)fn;
     return KEEL_CUDA_PACKED_XBYTES; /* no AMD card has measured a larger one (the audit's gfx records say so too) */
 #else
-    const size_t most = pk_block_smem_max();
+    const size_t most = pk_block_smem_max(fn);
     int want = 0, xb = KEEL_CUDA_PACKED_XBYTES;
     KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&want, fn, kPkThreads, KEEL_CUDA_PACKED_SMEM));
@@ -787,7 +794,11 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
         attr[sp] = 0; /* the search moved the attribute */
     }
     const int xbytes = pk_xbytes > 0 ? pk_xbytes : auto_xb[sp];
-    const size_t cap = KEEL_CUDA_PACKED_SMEM_FOR((size_t)xbytes);
+    static size_t kmost[3] = {0, 0, 0}; /* each kernel's most dynamic shared memory (its static barrier left out) */
+    if (!kmost[sp]) kmost[sp] = pk_block_smem_max(fn);
+    /* a budget up to the device's block limit: the chunk below shrinks to what the kernel may have */
+    const size_t cap = KEEL_CUDA_PACKED_SMEM_FOR((size_t)xbytes) < kmost[sp] ? KEEL_CUDA_PACKED_SMEM_FOR((size_t)xbytes)
+                                                                             : kmost[sp];
     if (attr[sp] != cap) {
         KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap));
         attr[sp] = cap;
@@ -967,7 +978,7 @@ extern "C" bool keel_cuda_packed_xbudget(int bytes) {
         return true;
     }
     if (bytes < KEEL_CUDA_PACKED_XBYTES_MIN || bytes % 1024) return false;
-    if (KEEL_CUDA_PACKED_SMEM_FOR((size_t)bytes) > pk_block_smem_max()) return false;
+    if (KEEL_CUDA_PACKED_SMEM_FOR((size_t)bytes) > pk_block_smem_max(NULL)) return false;
     pk_xbytes = bytes;
     return true;
 }
