@@ -492,22 +492,12 @@ __device__ __forceinline__ void copy_parts(const PParams &P, int m, int R, int h
     kp_cp_commit();
 }
 
-#if defined(KP_HAVE_BULK)
-constexpr bool kPkLate = true;
-#else
-constexpr bool kPkLate = false;
-#endif
-
 /* The second half, called by the walk once its first spans are loading (every warp of the block calls it): waits
  * for this thread's copies, puts its own uint4s in fragment order (xf_order) in place, then the per-group sums. The
  * R regions of whole x (P.xk codes each, their sums after them: pk_smem_bytes) are found from P alone, so the walk
- * holds no registers for them across its first loads. LATE (m = 1 on sm_90, most widths): x is copied here, not before the walk,
- * one bulk copy a region after the wait for the previous grid, so a dependent launch has its first weight spans in
- * flight before that wait (the weights are no kernel's output); the padding is zeroed here too. */
+ * holds no registers for them across its first loads. */
 template <int B, bool XF16, bool ONE, int R> struct XOrder {
     static constexpr int kAfter = R > 1 ? 1 << 20 : 1; /* the walk's spans in flight before it: all D - K, or one */
-    /* not at 5 bits, nor the f16 3-bit split walks: sm_90 spills them with it */
-    static constexpr bool LATE = ONE && kPkLate && B != 5 && !(XF16 && B == 3 && R > 1);
     const PParams &P;
     uint4 *smem;
     bool on;
@@ -515,31 +505,13 @@ template <int B, bool XF16, bool ONE, int R> struct XOrder {
         if (!on) return;
         const int m = ONE ? 1 : P.m, nunits = m * P.xk / 8;
         const size_t xfn = (size_t)m * P.xk / 8, xsn = (size_t)m * xs_stride<B>(P.xk / P.group);
-        if constexpr (LATE) {
-            __shared__ unsigned long long bar;
-            kp_grid_wait(); /* x belongs to the previous kernel until now */
-            if (threadIdx.x == 0) {
-                uint32_t bytes = 0;
-                for (int h = 0; h < R; h++) bytes += 2u * (uint32_t)max(0, min(P.xk, P.k - h * (P.ns / R) * kSpan));
-                kp_bulk_begin(&bar, bytes);
-                for (int h = 0; h < R; h++) {
-                    const int c0 = h * (P.ns / R) * kSpan, len = max(0, min(P.xk, P.k - c0));
-                    if (len > 0) kp_bulk_g2s(smem + h * xfn, P.x + c0, 2u * (uint32_t)len, &bar);
-                }
-            }
-            __syncthreads(); /* the barrier armed before any thread waits on it */
-            kp_bulk_wait(&bar);
-        } else {
-            kp_cp_wait<0>();
-        }
-        for (int h = 0; h < R; h++) {
-            const int lblk = LATE ? max(0, min(P.xk, P.k - h * (P.ns / R) * kSpan)) / 32 : 1 << 30;
+        kp_cp_wait<0>();
+        for (int h = 0; h < R; h++)
             for (int e = threadIdx.x; e < nunits; e += kPkThreads) {
                 uint4 *q = smem + h * xfn + e;
                 const uint4 v = *q;
-                *q = LATE && (e >> 2) >= lblk ? make_uint4(0u, 0u, 0u, 0u) : xf_order(v.x, v.y, v.z, v.w);
+                *q = xf_order(v.x, v.y, v.z, v.w);
             }
-        }
         __syncthreads();
         sum_parts<B, XF16>(P, R, P.xk, smem, xfn, (float *)(smem + R * xfn), xsn);
     }
@@ -561,18 +533,15 @@ __device__ __forceinline__ void packed_run(const PParams &P, uint4 *xf, float *x
     float acc[T][4];
 #pragma unroll
     for (int u = 0; u < T; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
-    constexpr bool late = XOrder<B, XF16, ONE, 1>::LATE; /* early: XOrder copies x, after the previous grid */
-    if (!(early && late)) kp_grid_wait(); /* x (and the scratch) belong to the previous kernel until now */
+    kp_grid_wait(); /* x (and the scratch) belong to the previous kernel until now */
     for (int base = bi * kPkWarps; base < (whole ? bi * kPkWarps + 1 : units); base += nw) {
         const int unit = whole ? gw : base + warp;
         const int nt = whole ? (gw < units ? (units - gw + nw - 1) / nw : 0) : unit < units;
         for (int c = 0; c < nchunk; c++) {
             const int c0 = sr * kSpan + c * P.xk, lenp = min(P.xk, kr - c * P.xk), len = max(0, min(lenp, P.k - c0));
             if (early) { /* whole x: one round, one walk call a warp, which puts x in order after its first loads */
-                if (!late) {
-                    copy_x(P, ONE ? 1 : P.m, c0, len, lenp, xf);
-                    kp_cp_commit();
-                }
+                copy_x(P, ONE ? 1 : P.m, c0, len, lenp, xf);
+                kp_cp_commit();
             } else {
                 __syncthreads();
                 stage_x<kPkThreads>(P.m, P.k, P.x, 0xffu, c0, len, lenp, xf);
@@ -609,12 +578,10 @@ __device__ __forceinline__ void packed_split(const PParams &P, uint4 *smem) {
     const size_t xfn = (size_t)P.m * P.xk / 8, xsn = (size_t)P.m * xs_stride<B>(P.xk / P.group); /* a chunk's uint4s, sums */
     float *xs0 = (float *)(smem + R * xfn);
     float *psum = xs0 + R * xsn; /* (R regions, slots, 32 lanes, per, T, 4) the parts' sums */
-    /* one chunk: staged once; at m = 1 copied asynchronously and put in order by the first walk after its first loads
-     * (LATE: copied by that walk's XOrder, after the previous grid) */
+    kp_grid_wait(); /* x belongs to the previous kernel until now */
+    /* one chunk: staged once; at m = 1 copied asynchronously and put in order by the first walk after its first loads */
     const bool early = kPkEarly<B> && nchunk == 1 && P.m == 1 && x_async_ok(P);
-    constexpr bool late = XOrder<B, XF16, ONE, R>::LATE;
-    if (!(early && late)) kp_grid_wait(); /* x belongs to the previous kernel until now */
-    if (early && !late) copy_parts(P, 1, R, hs, P.xk, smem, xfn);
+    if (early) copy_parts(P, 1, R, hs, P.xk, smem, xfn);
     else if (nchunk == 1) stage_parts<B, XF16>(P, R, hs, 0, P.xk, smem, xfn, xs0, xsn);
     bool pending = early; /* the first walk call of the block's first round puts x in order */
     for (int base = blockIdx.x * slots; base < units; base += gridDim.x * slots) {
@@ -735,19 +702,12 @@ template <int B> static size_t pk_smem_bytes(const PParams &P, int R) {
     return R * ((size_t)P.m * P.xk * 2 + (size_t)P.m * xs_stride<B>(P.xk / P.group) * 4) + psum;
 }
 
-/* The most shared memory one block of the current device may have (opt-in), in bytes; with fn, the most dynamic
- * shared memory a block of kernel fn may have (less its static shared memory). */
-static size_t pk_block_smem_max(const void *fn) {
+/* The most shared memory one block of the current device may have (opt-in), in bytes. */
+static size_t pk_block_smem_max(void) {
     int dev = 0, optin = 0;
     KEEL_CUDA_CHECK(cudaGetDevice(&dev));
     KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    size_t st = 0;
-    if (fn) {
-        cudaFuncAttributes fa;
-        KEEL_CUDA_CHECK(cudaFuncGetAttributes(&fa, fn));
-        st = fa.sharedSizeBytes;
-    }
-    return (size_t)optin - st;
+    return (size_t)optin;
 }
 
 /* The auto x budget of kernel fn: the largest (KiB steps) whose launches keep the blocks an SM that
@@ -757,7 +717,7 @@ static int pk_auto_xbytes(const void *fn) {
     (void)fn;
     return KEEL_CUDA_PACKED_XBYTES; /* no AMD card has measured a larger one (the audit's gfx records say so too) */
 #else
-    const size_t most = pk_block_smem_max(fn);
+    const size_t most = pk_block_smem_max();
     int want = 0, xb = KEEL_CUDA_PACKED_XBYTES;
     KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     KEEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&want, fn, kPkThreads, KEEL_CUDA_PACKED_SMEM));
@@ -794,11 +754,7 @@ template <int B, bool XF16> void launch_pk(const PParams &P, cudaStream_t st) {
         attr[sp] = 0; /* the search moved the attribute */
     }
     const int xbytes = pk_xbytes > 0 ? pk_xbytes : auto_xb[sp];
-    static size_t kmost[3] = {0, 0, 0}; /* each kernel's most dynamic shared memory (its static barrier left out) */
-    if (!kmost[sp]) kmost[sp] = pk_block_smem_max(fn);
-    /* a budget up to the device's block limit: the chunk below shrinks to what the kernel may have */
-    const size_t cap = KEEL_CUDA_PACKED_SMEM_FOR((size_t)xbytes) < kmost[sp] ? KEEL_CUDA_PACKED_SMEM_FOR((size_t)xbytes)
-                                                                             : kmost[sp];
+    const size_t cap = KEEL_CUDA_PACKED_SMEM_FOR((size_t)xbytes);
     if (attr[sp] != cap) {
         KEEL_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cap));
         attr[sp] = cap;
@@ -978,7 +934,7 @@ extern "C" bool keel_cuda_packed_xbudget(int bytes) {
         return true;
     }
     if (bytes < KEEL_CUDA_PACKED_XBYTES_MIN || bytes % 1024) return false;
-    if (KEEL_CUDA_PACKED_SMEM_FOR((size_t)bytes) > pk_block_smem_max(NULL)) return false;
+    if (KEEL_CUDA_PACKED_SMEM_FOR((size_t)bytes) > pk_block_smem_max()) return false;
     pk_xbytes = bytes;
     return true;
 }

@@ -342,53 +342,6 @@ static __device__ __forceinline__ void kp_cp_async16_l2(void *smem, const void *
     *(uint4 *)smem = *(const uint4 *)gmem;
 #endif
 }
-/* One-dimensional bulk copies global -> shared that complete on a shared-memory barrier (sm_90: one thread issues a
- * whole row). The issuing thread calls kp_bulk_begin (the barrier, armed for `bytes`), then kp_bulk_g2s for each
- * piece (16-byte aligned, a multiple of 16 bytes, `bytes` in all); after a block barrier every thread's
- * kp_bulk_wait returns once all pieces landed. The portable twin copies synchronously in the issuing thread and its
- * wait is a block barrier, so every thread of the block must call kp_bulk_wait. */
-#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define KP_HAVE_BULK 1
-#endif
-static __device__ __forceinline__ void kp_bulk_begin(unsigned long long *bar, uint32_t bytes) {
-#if defined(KP_HAVE_BULK)
-    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
-                 "fence.mbarrier_init.release.cluster;\n"
-                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b),
-                 "r"(bytes)
-                 : "memory");
-#else
-    (void)bar;
-    (void)bytes;
-#endif
-}
-static __device__ __forceinline__ void kp_bulk_g2s(void *smem, const void *gmem, uint32_t bytes,
-                                                   unsigned long long *bar) {
-#if defined(KP_HAVE_BULK)
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(smem)),
-                 "l"(gmem), "r"(bytes), "r"((uint32_t)__cvta_generic_to_shared(bar))
-                 : "memory");
-#else
-    (void)bar;
-    for (uint32_t i = 0; i < bytes / 16; i++) ((uint4 *)smem)[i] = ((const uint4 *)gmem)[i];
-#endif
-}
-static __device__ __forceinline__ void kp_bulk_wait(unsigned long long *bar) {
-#if defined(KP_HAVE_BULK)
-    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(b)
-                     : "memory");
-#else
-    (void)bar;
-    __syncthreads();
-#endif
-}
 /* Asks L2 to fetch the 16-byte-aligned interior of [p, p + bytes) (one bulk request on sm_90, one per 128-byte
  * line before; a hint that never faults and never changes a result; nothing on HIP). */
 static __device__ __forceinline__ void kp_prefetch_l2(const void *p, long long bytes) {
