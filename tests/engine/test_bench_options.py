@@ -61,7 +61,8 @@ def main():
     expect(["--fused-norm", "off", "--backend", "cpu"], cuda_only)
     expect(["--fused-norm", "tiles"], "--fused-norm 'tiles': expected on or off")
     expect(["--packed", "off", "--backend", "cpu"], cuda_only)
-    expect(["--packed", "all"], "--packed 'all': expected on or off")
+    expect(["--packed", "every"], "--packed 'every': expected on, off or all")
+    expect(["--packed", "all", "--backend", "cpu"], cuda_only)
     r = bench("--context", "5", "--prompt-tokens", "10", "--backend", "cuda")
     assert r.returncode != 0, r.stdout
     assert ("--context must be at least --prompt-tokens" in r.stderr or "built without CUDA" in r.stderr), r.stderr

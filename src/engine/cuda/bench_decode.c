@@ -16,7 +16,7 @@ static const char *const USAGE =
     "                         [--activations bf16|f32] [--graphs on|off] [--pdl on|off] [--pdl-engine on|off]\n"
     "                         [--prefetch S] [--split-target Q] [--split-long on|off] [--split-round up|down]\n"
     "                         [--side on|off|low] [--fused-router on|off] [--fused-mamba on|off]\n"
-    "                         [--route-window on|off] [--fused-norm on|off] [--packed on|off]\n"
+    "                         [--route-window on|off] [--fused-norm on|off] [--packed on|off|all]\n"
     "  runs a P-token prompt (default 512) then N greedy decode steps (default 128) and reports prompt and decode\n"
     "  tokens/s. On cuda also: the bandwidth floor (bytes one step reads over the read bandwidth measured in the same\n"
     "  run) and its ratio to the measured time, and the time per token by kernel family (CUDA events, a second pass\n"
@@ -34,7 +34,8 @@ static const char *const USAGE =
     "  --route-window off runs the router's top-k and its unions as two launches instead of one (default on);\n"
     "  --fused-norm off runs the residual add and norm before a MoE layer as a launch of its own instead of in the\n"
     "  router's matvec (default on); --packed off keeps windows of at most 8 rows on the ring tile instead of the\n"
-    "  packed tile's copies of the matrices where it gives the same bits (default on).\n";
+    "  packed tile's copies of the matrices where it gives the same bits (default on: those with a row tile for every\n"
+    "  warp of a full grid; all: every matrix where it gives the same bits, whatever its size).\n";
 
 static int fail(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "keel bench decode: ");
@@ -120,7 +121,8 @@ int keel_engine_bench_decode(int argc, char **argv) {
         } else if (!strcmp(o, "--fused-norm")) {
             if (!parse_onoff(v, &fused_norm)) return fail("--fused-norm '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--packed")) {
-            if (!parse_onoff(v, &packed)) return fail("--packed '%s': expected on or off%s", v ? v : "", "");
+            if (v && !strcmp(v, "all")) packed = 2;
+            else if (!parse_onoff(v, &packed)) return fail("--packed '%s': expected on, off or all%s", v ? v : "", "");
         } else if (!strcmp(o, "--fused-mamba")) {
             if (!parse_onoff(v, &fused_mamba)) return fail("--fused-mamba '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--split-target")) {
@@ -206,6 +208,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
         keel_ecu_set_pdl(pdl_engine);
         keel_cuda_stream_prefetch(prefetch);
         keel_cuda_stream_split_target(split_q);
+        keel_cuda_engine_pack_scope(packed == 2 ? KEEL_CUDA_ENGINE_PACK_ALL : KEEL_CUDA_ENGINE_PACK_LARGE);
         if (keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK ||
             keel_cuda_engine_set_activations(ce, f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK ||
             (keel_cuda_engine_set_graphs(ce, graphs), keel_cuda_engine_set_start(ce, start),
@@ -247,7 +250,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
                    side == 0 ? "off" : side == 2 ? "on (lowest priority)" : "on",
                    fused_router ? "one launch" : route_window ? "two launches (top-k with the unions)" : "three launches",
                    fused_mamba ? "one launch" : "three launches",
-                   fused_norm ? "in the router" : "launches of their own", packed ? "on" : "off",
+                   fused_norm ? "in the router" : "launches of their own", packed == 2 ? "on, all" : packed ? "on" : "off",
                    keel_cuda_engine_packed_count(ce));
         if (backend == KEEL_BACKEND_CUDA && res.n_gen > 0 && read_gbs > 0) {
             const double bytes = (double)keel_cuda_engine_step_bytes(ce, start + P + res.n_gen / 2);

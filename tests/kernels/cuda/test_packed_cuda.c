@@ -1,6 +1,7 @@
 /* CUDA packed stream tiles: every width, group, 16-bit scale dtype and activation dtype against the float64
  * reference; bit for bit against the ring tile (keel_cuda_stream_matmul) wherever neither splits k; row
- * independence, repeated launches, fused relu^2, the chunked long-k path, k in halves, the x budget's bits (the layout itself: test_pack.c). Skips (77) with a
+ * independence, repeated launches, fused relu^2, the chunked long-k path, k in halves, the x budget's bits, x written
+ * by the launch just before (the layout itself: test_pack.c). Skips (77) with a
  * reason when the build has no CUDA or the machine has no GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +21,7 @@
 #ifdef KEEL_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/qm.h"
+#include "engine/cuda/ecuda.h"
 
 /* A packed copy of q on the device (owned: free pw.w). */
 static keel_cuda_pw pack(const qm *q) {
@@ -326,7 +328,7 @@ static void test_parts_many_tiles(void **state) {
     (void)state;
     const int n = 128 * keel_cuda_sm_count() - 8, k = 16384, m = 8;
     assert_int_equal(keel_cuda_packed_splits(n, k), 4);
-    const struct { int bits, group; } cases[] = {{4, 64}, {4, 32}, {6, 128}};
+    const struct { int bits, group; } cases[] = {{4, 64}, {4, 32}, {6, 128}, {2, 128}};
     for (size_t c = 0; c < KEEL_ARRAY_LEN(cases); c++) {
         qm q;
         qm_make_signed(&q, n, k, cases[c].bits, cases[c].group, KEEL_DT_BF16);
@@ -350,6 +352,50 @@ static void test_parts_many_tiles(void **state) {
         keel_cuda_free((void *)pw.w);
         qm_free(&q);
     }
+}
+
+/* A launch reads x only once the kernel before it on the stream wrote it: for the unsplit kernel, the m = 1 split
+ * kernel and the m = 8 parts kernel, x is the bf16 output of a packed launch just before it on the same stream (a
+ * programmatic dependent on sm_90, where the tile's first weight loads go out before its wait), and the launch gives
+ * the bits it gives when x was in place before it started; three chains each, x poisoned (NaN) before each. */
+static void test_dependent_launch(void **state) {
+    (void)state;
+    const struct { int n, k, bits, group, m; } cases[] = {{1024, 2688, 4, 64, 1}, {256, 16384, 2, 128, 1},
+                                                         {256, 16384, 4, 64, 8}, {2048, 4096, 3, 32, 1}};
+    void *st = keel_ecu_stream_new();
+    keel_cuda_stream_pdl(1);
+    for (size_t c = 0; c < KEEL_ARRAY_LEN(cases); c++) {
+        const int n = cases[c].n, k = cases[c].k, m = cases[c].m, ka = 1024;
+        qm qa, qb;
+        qm_make_signed(&qa, k, ka, 4, 64, KEEL_DT_BF16);
+        qm_make_signed(&qb, n, k, cases[c].bits, cases[c].group, KEEL_DT_BF16);
+        keel_cuda_pw pa = pack(&qa), pb = pack(&qb);
+        void *dxa;
+        uint16_t *xa = make_x(m, ka, KEEL_DT_BF16, &dxa);
+        void *dmid = keel_cuda_malloc((size_t)m * k * 2), *dy = keel_cuda_malloc((size_t)m * n * 4);
+        keel_cuda_stream_matmul_packed(&pa, dxa, KEEL_DT_BF16, m, dmid, KEEL_DT_BF16, KEEL_EPI_NONE, st);
+        keel_cuda_sync();
+        float *want = run_packed(&pb, dmid, KEEL_DT_BF16, m, KEEL_DT_F32, KEEL_EPI_NONE); /* x in place first */
+        float *got = keel_xmalloc((size_t)m * n * 4);
+        for (int rep = 0; rep < 3; rep++) {
+            keel_cuda_memset(dmid, 0xff, (size_t)m * k * 2);
+            keel_cuda_memset(dy, 0xff, (size_t)m * n * 4);
+            keel_cuda_sync();
+            keel_cuda_stream_matmul_packed(&pa, dxa, KEEL_DT_BF16, m, dmid, KEEL_DT_BF16, KEEL_EPI_NONE, st);
+            keel_cuda_stream_matmul_packed(&pb, dmid, KEEL_DT_BF16, m, dy, KEEL_DT_F32, KEEL_EPI_NONE, st);
+            keel_cuda_sync();
+            keel_cuda_download(got, dy, (size_t)m * n * 4);
+            if (memcmp(got, want, (size_t)m * n * 4))
+                fail_msg("bits %d group %d n %d k %d m %d: a dependent launch (chain %d) differs from the launch "
+                         "after its x was in place", cases[c].bits, cases[c].group, n, k, m, rep);
+        }
+        free(got), free(want), free(xa);
+        keel_cuda_free(dmid), keel_cuda_free(dy), keel_cuda_free(dxa);
+        keel_cuda_free((void *)pa.w), keel_cuda_free((void *)pb.w);
+        qm_free(&qa), qm_free(&qb);
+    }
+    keel_cuda_stream_pdl(KEEL_CUDA_STREAM_PDL_DEFAULT);
+    keel_ecu_stream_free(st);
 }
 
 /* The x budget chunks x differently and never moves a bit: the chunked long-k path (m = 8, several chunks at small
@@ -422,6 +468,7 @@ int main(void) {
         cmocka_unit_test(test_tile_pairs_equal),
         cmocka_unit_test(test_split_parts),
         cmocka_unit_test(test_parts_many_tiles),
+        cmocka_unit_test(test_dependent_launch),
         cmocka_unit_test(test_xbudget_bits),
         cmocka_unit_test(test_kernel_fn),
     };
