@@ -395,6 +395,7 @@ static void test_dependent_launch(void **state) {
         qm_free(&qa), qm_free(&qb);
     }
     keel_cuda_stream_pdl(KEEL_CUDA_STREAM_PDL_DEFAULT);
+    keel_cuda_stream_scratch_release(st); /* the parts kernel's scratch of this stream, before the stream goes */
     keel_ecu_stream_free(st);
 }
 
