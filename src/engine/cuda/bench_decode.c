@@ -79,6 +79,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
     int pdl = -1, pdl_engine = -1, prefetch = -1, split_q = -1, split_long = -1, split_down = -1;
     int side = -1; /* the engine's second stream: 0 off, 1 on, 2 low priority; -1: not given, the engine's default */
     int fused_router = -1, fused_mamba = -1, route_window = -1, fused_norm = -1, packed = -1; /* -1: the engine's default */
+    int pack_all = 0; /* --packed all: every eligible matrix packed (keel_cuda_engine_pack_scope) */
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -121,7 +122,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
         } else if (!strcmp(o, "--fused-norm")) {
             if (!parse_onoff(v, &fused_norm)) return fail("--fused-norm '%s': expected on or off%s", v ? v : "", "");
         } else if (!strcmp(o, "--packed")) {
-            if (v && !strcmp(v, "all")) packed = 2;
+            if (v && !strcmp(v, "all")) packed = pack_all = 1;
             else if (!parse_onoff(v, &packed)) return fail("--packed '%s': expected on, off or all%s", v ? v : "", "");
         } else if (!strcmp(o, "--fused-mamba")) {
             if (!parse_onoff(v, &fused_mamba)) return fail("--fused-mamba '%s': expected on or off%s", v ? v : "", "");
@@ -208,7 +209,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
         keel_ecu_set_pdl(pdl_engine);
         keel_cuda_stream_prefetch(prefetch);
         keel_cuda_stream_split_target(split_q);
-        keel_cuda_engine_pack_scope(packed == 2 ? KEEL_CUDA_ENGINE_PACK_ALL : KEEL_CUDA_ENGINE_PACK_LARGE);
+        keel_cuda_engine_pack_scope(pack_all ? KEEL_CUDA_ENGINE_PACK_ALL : KEEL_CUDA_ENGINE_PACK_LARGE);
         if (keel_cuda_engine_init(&ce, &m, ctx, &err) != KEEL_OK ||
             keel_cuda_engine_set_activations(ce, f32 ? KEEL_DT_F32 : KEEL_DT_BF16, &err) != KEEL_OK ||
             (keel_cuda_engine_set_graphs(ce, graphs), keel_cuda_engine_set_start(ce, start),
@@ -250,7 +251,7 @@ int keel_engine_bench_decode(int argc, char **argv) {
                    side == 0 ? "off" : side == 2 ? "on (lowest priority)" : "on",
                    fused_router ? "one launch" : route_window ? "two launches (top-k with the unions)" : "three launches",
                    fused_mamba ? "one launch" : "three launches",
-                   fused_norm ? "in the router" : "launches of their own", packed == 2 ? "on, all" : packed ? "on" : "off",
+                   fused_norm ? "in the router" : "launches of their own", pack_all ? "on, all" : packed ? "on" : "off",
                    keel_cuda_engine_packed_count(ce));
         if (backend == KEEL_BACKEND_CUDA && res.n_gen > 0 && read_gbs > 0) {
             const double bytes = (double)keel_cuda_engine_step_bytes(ce, start + P + res.n_gen / 2);

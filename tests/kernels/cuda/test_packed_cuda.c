@@ -19,9 +19,11 @@
 #include "contract/contract.h"
 
 #ifdef KEEL_HAVE_CUDA
+#include <cuda_runtime_api.h>
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/qm.h"
-#include "engine/cuda/ecuda.h"
+
+#define CK(call) assert_int_equal((int)(call), (int)cudaSuccess)
 
 /* A packed copy of q on the device (owned: free pw.w). */
 static keel_cuda_pw pack(const qm *q) {
@@ -355,14 +357,19 @@ static void test_parts_many_tiles(void **state) {
 }
 
 /* A launch reads x only once the kernel before it on the stream wrote it: for the unsplit kernel, the m = 1 split
- * kernel and the m = 8 parts kernel, x is the bf16 output of a packed launch just before it on the same stream (a
- * programmatic dependent on sm_90, where the tile's first weight loads go out before its wait), and the launch gives
- * the bits it gives when x was in place before it started; three chains each, x poisoned (NaN) before each. */
+ * kernel and the m = 8 parts kernel (each case checks which walked), x is the bf16 output of a packed launch just
+ * before it on the same stream (a programmatic dependent on sm_90: it may start before that launch ends), and the
+ * launch gives the bits it gives when x was in place before it started; three chains each, x poisoned (NaN) before
+ * each. */
 static void test_dependent_launch(void **state) {
     (void)state;
-    const struct { int n, k, bits, group, m; } cases[] = {{1024, 2688, 4, 64, 1}, {256, 16384, 2, 128, 1},
-                                                         {256, 16384, 4, 64, 8}, {2048, 4096, 3, 32, 1}};
-    void *st = keel_ecu_stream_new();
+    const int split = KEEL_CUDA_PK_WALK_SPLIT, parts = KEEL_CUDA_PK_WALK_PARTS;
+    const struct { int n, k, bits, group, m, walk; } cases[] = {{1024, 2688, 4, 64, 1, 0},
+                                                               {256, 16384, 2, 128, 1, split},
+                                                               {256, 16384, 4, 64, 8, split | parts},
+                                                               {2048, 4096, 3, 32, 1, 0}};
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     keel_cuda_stream_pdl(1);
     for (size_t c = 0; c < KEEL_ARRAY_LEN(cases); c++) {
         const int n = cases[c].n, k = cases[c].k, m = cases[c].m, ka = 1024;
@@ -383,6 +390,7 @@ static void test_dependent_launch(void **state) {
             keel_cuda_sync();
             keel_cuda_stream_matmul_packed(&pa, dxa, KEEL_DT_BF16, m, dmid, KEEL_DT_BF16, KEEL_EPI_NONE, st);
             keel_cuda_stream_matmul_packed(&pb, dmid, KEEL_DT_BF16, m, dy, KEEL_DT_F32, KEEL_EPI_NONE, st);
+            assert_int_equal(keel_cuda_packed_last_walk() & (split | parts), cases[c].walk);
             keel_cuda_sync();
             keel_cuda_download(got, dy, (size_t)m * n * 4);
             if (memcmp(got, want, (size_t)m * n * 4))
@@ -396,7 +404,7 @@ static void test_dependent_launch(void **state) {
     }
     keel_cuda_stream_pdl(KEEL_CUDA_STREAM_PDL_DEFAULT);
     keel_cuda_stream_scratch_release(st); /* the parts kernel's scratch of this stream, before the stream goes */
-    keel_ecu_stream_free(st);
+    CK(cudaStreamDestroy(st));
 }
 
 /* The x budget chunks x differently and never moves a bit: the chunked long-k path (m = 8, several chunks at small
