@@ -158,14 +158,16 @@ int keel_cuda_packed_xbudget_now(void);
  * a pair walk's second tile reads) by spans of KEEL_CUDA_PACK_SPAN codes (k padded with zeros), one record of
  * KEEL_CUDA_PACK_REC bytes each, tile-major (record (t, s) at t * spans + s) or span-major (at s * tiles + t: the
  * warps walking different tiles at one span read neighbouring bytes); keel_cuda_pack_at gives a record's index. A
- * record holds the 32 lanes' codes (lane 4g + t: 8 items of `bits` bytes, item 2b + h the bytes of codes 8t..8t+7
- * of block b of row g + 8h; the lane's byte j at KEEL_CUDA_PACK_AT, in chunks of KEEL_CUDA_PACK_CHUNK bytes,
- * chunk-major so a warp's load of one chunk is contiguous), then per row pair g and group of the span the halves
- * scale(g), bias(g), scale(g + 8), bias(g + 8). */
+ * record holds the 32 lanes' codes, then per row pair g and group of the span the halves scale(g), bias(g),
+ * scale(g + 8), bias(g + 8). Lane 4g + t holds 8 items of `bits` bytes, item 2b + h the bytes of codes 8t..8t+7 of
+ * block b of row g + 8h; byte q of item i (j = bits * i + q) is the lane's byte KEEL_CUDA_PACK_BYTE(bits, j), kept at
+ * KEEL_CUDA_PACK_AT in chunks of KEEL_CUDA_PACK_CHUNK bytes, chunk-major so a warp's load of one chunk is contiguous.
+ * At 2 bits a block's two items interleave their bytes (a0 b0 a1 b1), the order the decode's operand halves take. */
 #define KEEL_CUDA_PACK_ROWS 16
 #define KEEL_CUDA_PACK_SPAN 128
 #define KEEL_CUDA_PACK_REC(bits, group) (256 * (bits) + 64 * (KEEL_CUDA_PACK_SPAN / (group)))
 #define KEEL_CUDA_PACK_CHUNK(bits) ((bits) % 2 ? 8 : 16)
+#define KEEL_CUDA_PACK_BYTE(bits, j) ((bits) == 2 ? ((j) & ~3) | ((j) & 1) << 1 | ((j) >> 1 & 1) : (j))
 #define KEEL_CUDA_PACK_AT(bits, lane, j)                                                                              \
     ((j) / KEEL_CUDA_PACK_CHUNK(bits) * 32 * KEEL_CUDA_PACK_CHUNK(bits) + (lane) * KEEL_CUDA_PACK_CHUNK(bits) +      \
      (j) % KEEL_CUDA_PACK_CHUNK(bits))

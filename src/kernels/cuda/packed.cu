@@ -201,8 +201,8 @@ template <bool XF16> __device__ __forceinline__ void five_to_pairs(uint32_t lo, 
 /* The operand words of block jb of a lane's span: items 2jb (pa) and 2jb + 1 (pb). */
 template <int B, bool XF16>
 __device__ __forceinline__ void block_pairs(const Span<B> &S, int jb, uint32_t pa[4], uint32_t pb[4]) {
-    if (B == 2 && KEEL_PK_PLANT_FAST()) { /* word jb (a0 a1 b0 b1) as (a0 b0 a1 b1): both items' halves */
-        const uint32_t w = __byte_perm(S.c[jb], 0u, 0x3120u);
+    if (B == 2 && KEEL_PK_PLANT_FAST()) { /* word jb holds (a0 b0 a1 b1), the pack's order: both items' halves */
+        const uint32_t w = S.c[jb];
         halves_to_pairs<2, XF16>(w, pa);
         halves_to_pairs<2, XF16>(w >> 8, pb);
     } else if (B == 3 && KEEL_PK_PLANT_FAST()) { /* item i at byte 3i */
@@ -216,6 +216,10 @@ __device__ __forceinline__ void block_pairs(const Span<B> &S, int jb, uint32_t p
     } else if (B == 6 && KEEL_PK_PLANT_FAST()) { /* item 2jb at byte 12jb, item 2jb + 1 at 12jb + 6 */
         six_to_pairs<XF16, 0>(S.c[(3 * jb) % (2 * B)], S.c[(3 * jb + 1) % (2 * B)], pa);
         six_to_pairs<XF16, 2>(S.c[(3 * jb + 1) % (2 * B)], S.c[(3 * jb + 2) % (2 * B)], pb);
+    } else if (B == 2) { /* the pack's (a0 b0 a1 b1) back to the items (a0 a1 b0 b1): the permute is its own inverse */
+        const uint32_t u = __byte_perm(S.c[jb], 0u, 0x3120u);
+        KEEL_PK_PLANT_DECODE(B, XF16, u, pa);
+        KEEL_PK_PLANT_DECODE(B, XF16, u >> 16, pb);
     } else {
         KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb), pa);
         KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb + 1), pb);

@@ -59,12 +59,13 @@ static void check_layout(int n, int k, int bits, int group, bool span_major) {
         const int T = r / 16, h = (r % 16) / 8, g = r % 8;
         for (int j = 0; j < k; j++) {
             const int s = j / 128, b = (j % 128) / 32, t = (j % 32) / 8, e = j % 8;
-            /* the lane's item 2b + h: its bytes (2b + h) bits .. + bits - 1, each in its chunk (chunk-major) */
+            /* the lane's item 2b + h: its bytes (2b + h) bits .. + bits - 1, each in its chunk (chunk-major); at 2
+             * bits the block's two items interleave, byte q of item 2b + h at 4b + 2q + h */
             const size_t rec0 = rec_index(span_major, tiles, spans, T, s) * rec;
             const int lane = 4 * g + t, chunk = bits % 2 ? 8 : 16;
             uint8_t item[8];
             for (int q = 0; q < bits; q++) {
-                const int jb = (2 * b + h) * bits + q;
+                const int jb = bits == 2 ? 4 * b + 2 * q + h : (2 * b + h) * bits + q;
                 const size_t at = rec0 + (size_t)(jb / chunk) * 32 * chunk + (size_t)lane * chunk + jb % chunk;
                 item[q] = p[at];
                 seen[at] = 1;
