@@ -53,8 +53,8 @@ bool keel_cuda_pack(const keel_qmat *W, bool span_major, void *dst, size_t cap, 
         for (int s = 0; s < spans; s++) {
             uint8_t *r = out + keel_cuda_pack_at(W->n, W->k, span_major, T, s) * rec;
             /* lane (g, t): item 2b + h holds bytes B*t .. B*t + B-1 of block 4s + b of row 16T + g + 8h; byte j of
-             * the lane's 8B (KEEL_CUDA_PACK_BYTE) goes to chunk j / C at lane C + j % C (a chunk's warp load is
-             * contiguous) */
+             * the items is the lane's byte KEEL_CUDA_PACK_BYTE(B, j), which KEEL_CUDA_PACK_AT puts in its chunk (a
+             * chunk's warp load is contiguous) */
             for (int lane = 0; lane < 32; lane++)
                 for (int j = 0; j < 8 * B; j++) {
                     const int item = j / B, row = T * KEEL_CUDA_PACK_ROWS + (lane >> 2) + 8 * (item & 1);

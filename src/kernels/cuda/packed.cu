@@ -126,9 +126,11 @@ int pk_xbytes = KEEL_CUDA_PACKED_XBUDGET_AUTO; /* x a block stages at most (long
 
 
 /* Item i (block i / 2, row g + 8 (i % 2)) of a lane's span codes as the ring tile's thread bytes (LSB first);
- * i is a constant wherever the loops unroll. */
+ * i is a constant wherever the loops unroll. At 2 bits the pack interleaves a block's two items (a0 b0 a1 b1,
+ * KEEL_CUDA_PACK_BYTE): the byte permute, its own inverse, gives them back. */
 template <int B> __device__ __forceinline__ unsigned long long item_at(const uint32_t c[2 * B], int i) {
     const int o = i * B, w = o / 4, ob = o % 4;
+    if (B == 2) return __byte_perm(c[i / 2], 0u, 0x3120u) >> (16 * (i % 2));
     if (B == 4) return c[i];
     if (B == 8) return (unsigned long long)c[2 * i + 1] << 32 | c[2 * i];
     if (ob + B <= 4) return c[w] >> (8 * ob);
@@ -216,10 +218,6 @@ __device__ __forceinline__ void block_pairs(const Span<B> &S, int jb, uint32_t p
     } else if (B == 6 && KEEL_PK_PLANT_FAST()) { /* item 2jb at byte 12jb, item 2jb + 1 at 12jb + 6 */
         six_to_pairs<XF16, 0>(S.c[(3 * jb) % (2 * B)], S.c[(3 * jb + 1) % (2 * B)], pa);
         six_to_pairs<XF16, 2>(S.c[(3 * jb + 1) % (2 * B)], S.c[(3 * jb + 2) % (2 * B)], pb);
-    } else if (B == 2) { /* the pack's (a0 b0 a1 b1) back to the items (a0 a1 b0 b1): the permute is its own inverse */
-        const uint32_t u = __byte_perm(S.c[jb], 0u, 0x3120u);
-        KEEL_PK_PLANT_DECODE(B, XF16, u, pa);
-        KEEL_PK_PLANT_DECODE(B, XF16, u >> 16, pb);
     } else {
         KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb), pa);
         KEEL_PK_PLANT_DECODE(B, XF16, item_at<B>(S.c, 2 * jb + 1), pb);
