@@ -5,8 +5,9 @@
  * there), optionally asking L2 for the span PF steps ahead. Layout tile: a tile's spans contiguous; span: span s of
  * every tile adjacent. Shapes: 16384^2 (1024 tiles of 128 spans, k in 2 or 4 parts) and lm_head (8192 tiles of 21).
  * Argument 1: the plain read's bytes in flight and a shared-memory ring of bulk copies; 2: launches back to back (the
- * bench's timing) of the plain read at the tile's sizes and of the register ring; none: the register-ring sections.
- * nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/pkmem tools/device/pkmem.cu && /tmp/pkmem [1|2] */
+ * bench's timing) of the plain read at the tile's sizes and of the register ring; 3: 4 and 8 bits, register ring
+ * against bulk ring, with and without arithmetic; none: the register-ring sections.
+ * nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/pkmem tools/device/pkmem.cu && /tmp/pkmem [1|2|3] */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -283,6 +284,25 @@ int main(int argc, char **argv) {
         run<1, 3, 0, 2, 0, 2>("sq16k", 1024, 128, 4, 1); run<2, 3, 0, 2, 0, 2>("sq16k", 1024, 128, 4, 1);
         run<4, 2, 0, 2, 0, 1>("sq16k", 1024, 128, 2, 1);
         run<1, 3, 0, 2, 0, 2>("lm_head", 8192, 21, 1, 0); run<2, 3, 0, 2, 0, 2>("lm_head", 8192, 21, 1, 0);
+        return 0;
+    }
+    if (sec == 3) { /* 4 and 8 bits, the register ring against the bulk ring, without (R 0) and with arithmetic (R 2) */
+        printf("-- 4 bits: register ring (two tiles a step, span-major), then bulk rings (tile-major)\n");
+        run<2, 2, 0, 2, 0, 2>("sq16k", 1024, 128, 4, 1); run<2, 2, 2, 2, 0, 2>("sq16k", 1024, 128, 4, 1);
+        run<2, 3, 0, 2, 0, 2>("sq16k", 1024, 128, 4, 1); run<2, 3, 2, 2, 0, 2>("sq16k", 1024, 128, 4, 1);
+        bulk<2, 4, 2, 0>("sq16k", 1024, 128, 2); bulk<2, 4, 2, 2>("sq16k", 1024, 128, 2);
+        bulk<2, 2, 4, 0>("sq16k", 1024, 128, 2); bulk<2, 2, 4, 2>("sq16k", 1024, 128, 2);
+        bulk<2, 4, 3, 0>("sq16k", 1024, 128, 2); bulk<2, 4, 3, 2>("sq16k", 1024, 128, 2);
+        run<2, 2, 0, 2, 0, 2>("lm_head", 8192, 21, 1, 0); run<2, 2, 2, 2, 0, 2>("lm_head", 8192, 21, 1, 0);
+        bulk<2, 3, 3, 0>("lm_head", 8192, 21, 1); bulk<2, 3, 3, 2>("lm_head", 8192, 21, 1);
+        printf("-- 8 bits: register ring (one tile a step, span-major), then bulk rings (tile-major)\n");
+        run<4, 2, 0, 2, 0, 1>("sq16k", 1024, 128, 2, 1); run<4, 2, 2, 2, 0, 1>("sq16k", 1024, 128, 2, 1);
+        run<4, 3, 0, 2, 0, 1>("sq16k", 1024, 128, 2, 1); run<4, 3, 2, 2, 0, 1>("sq16k", 1024, 128, 2, 1);
+        bulk<4, 2, 3, 0>("sq16k", 1024, 128, 2); bulk<4, 2, 3, 2>("sq16k", 1024, 128, 2);
+        bulk<4, 1, 6, 0>("sq16k", 1024, 128, 2); bulk<4, 1, 6, 2>("sq16k", 1024, 128, 2);
+        bulk<4, 4, 2, 0>("sq16k", 1024, 128, 2); bulk<4, 4, 2, 2>("sq16k", 1024, 128, 2);
+        run<4, 2, 0, 2, 0, 1>("lm_head", 8192, 21, 1, 0); run<4, 2, 2, 2, 0, 1>("lm_head", 8192, 21, 1, 0);
+        bulk<4, 3, 2, 0>("lm_head", 8192, 21, 1); bulk<4, 3, 2, 2>("lm_head", 8192, 21, 1);
         return 0;
     }
     if (sec == 1) {
