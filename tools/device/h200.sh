@@ -24,22 +24,7 @@ for sh in ${NCU_SHAPES:-lm_head square16k}; do
     timeout 150 ncu --clock-control none --set full --import-source no -f -o $rep --kernel-name regex:stream_packed \
       --launch-skip ${NCU_SKIP:-5} --launch-count 1 $K bench stream --quick --shapes $sh --bits $b >$rep.run 2>&1
     echo "ncu $sh $b bits: rc=$?"
-    ncu -i $rep.ncu-rep --page raw --csv 2>/dev/null | python3 -c '
-import csv, sys
-rows = list(csv.reader(sys.stdin)); h, v = rows[0], rows[-1]
-def f(i):
-    try: return float(v[i].replace(",", ""))
-    except ValueError: return None
-for i, n in enumerate(h):
-    if n in ("Kernel Name", "launch__grid_size", "launch__registers_per_thread", "gpu__time_duration.sum",
-             "smsp__inst_executed.sum", "smsp__issue_active.avg.pct_of_peak_sustained_active",
-             "smsp__warps_active.avg.per_cycle_active", "smsp__warps_eligible.avg.per_cycle_active",
-             "dram__throughput.avg.pct_of_peak_sustained_elapsed"): print(f"  {v[i]}  {n}")
-st = [(f(i), n) for i, n in enumerate(h) if "average_warp_latency_issue_stalled" in n and f(i) is not None]
-for x, n in sorted(st, reverse=True)[:12]: print(f"  {x:8.2f}  {n}")
-pu = [(f(i), n) for i, n in enumerate(h) if "pipe_" in n and "pct_of_peak_sustained_active" in n and f(i)]
-for x, n in sorted(pu, reverse=True)[:10]: print(f"  {x:8.2f}  {n}")
-' >"$OUT/ncu_${sh}_$b.txt"
+    ncu -i $rep.ncu-rep --page raw --csv 2>/dev/null | python3 tools/device/ncu_raw.py >"$OUT/ncu_${sh}_$b.txt"
     head -3 "$OUT/ncu_${sh}_$b.txt"
     ncu -i $rep.ncu-rep --page source --csv --print-source sass 2>/dev/null | python3 tools/device/srcprof.py \
       >"$OUT/src_${sh}_$b.txt" 2>&1

@@ -241,6 +241,16 @@ template <int NV, int C, int S, int R, int MINB = 2> static void bulk(const char
            S * C * rec / 1024.0, R, nb, parts, us, gbs, 100.0 * gbs / g_peak);
 }
 
+/* run and bulk at two blocks an SM, without (R 0) and with (R 2) the decode-like arithmetic */
+template <int NV, int D, int T> static void run02(const char *shape, int tiles, int ns, int parts, int layout) {
+    run<NV, D, 0, 2, 0, T>(shape, tiles, ns, parts, layout);
+    run<NV, D, 2, 2, 0, T>(shape, tiles, ns, parts, layout);
+}
+template <int NV, int C, int S> static void bulk02(const char *shape, int tiles, int ns, int parts) {
+    bulk<NV, C, S, 0>(shape, tiles, ns, parts);
+    bulk<NV, C, S, 2>(shape, tiles, ns, parts);
+}
+
 template <int J, int MINB> static void readj() {
     const size_t pb = (size_t)1000 << 20;
     const int smem = (220 << 10) / MINB - 2048;
@@ -286,23 +296,17 @@ int main(int argc, char **argv) {
         run<1, 3, 0, 2, 0, 2>("lm_head", 8192, 21, 1, 0); run<2, 3, 0, 2, 0, 2>("lm_head", 8192, 21, 1, 0);
         return 0;
     }
-    if (sec == 3) { /* 4 and 8 bits, the register ring against the bulk ring, without (R 0) and with arithmetic (R 2) */
+    if (sec == 3) { /* 4 and 8 bits, the register ring against the bulk ring, each without and with arithmetic */
         printf("-- 4 bits: register ring (two tiles a step, span-major), then bulk rings (tile-major)\n");
-        run<2, 2, 0, 2, 0, 2>("sq16k", 1024, 128, 4, 1); run<2, 2, 2, 2, 0, 2>("sq16k", 1024, 128, 4, 1);
-        run<2, 3, 0, 2, 0, 2>("sq16k", 1024, 128, 4, 1); run<2, 3, 2, 2, 0, 2>("sq16k", 1024, 128, 4, 1);
-        bulk<2, 4, 2, 0>("sq16k", 1024, 128, 2); bulk<2, 4, 2, 2>("sq16k", 1024, 128, 2);
-        bulk<2, 2, 4, 0>("sq16k", 1024, 128, 2); bulk<2, 2, 4, 2>("sq16k", 1024, 128, 2);
-        bulk<2, 4, 3, 0>("sq16k", 1024, 128, 2); bulk<2, 4, 3, 2>("sq16k", 1024, 128, 2);
-        run<2, 2, 0, 2, 0, 2>("lm_head", 8192, 21, 1, 0); run<2, 2, 2, 2, 0, 2>("lm_head", 8192, 21, 1, 0);
-        bulk<2, 3, 3, 0>("lm_head", 8192, 21, 1); bulk<2, 3, 3, 2>("lm_head", 8192, 21, 1);
+        run02<2, 2, 2>("sq16k", 1024, 128, 4, 1); run02<2, 3, 2>("sq16k", 1024, 128, 4, 1);
+        bulk02<2, 4, 2>("sq16k", 1024, 128, 2); bulk02<2, 2, 4>("sq16k", 1024, 128, 2);
+        bulk02<2, 4, 3>("sq16k", 1024, 128, 2);
+        run02<2, 2, 2>("lm_head", 8192, 21, 1, 0); bulk02<2, 3, 3>("lm_head", 8192, 21, 1);
         printf("-- 8 bits: register ring (one tile a step, span-major), then bulk rings (tile-major)\n");
-        run<4, 2, 0, 2, 0, 1>("sq16k", 1024, 128, 2, 1); run<4, 2, 2, 2, 0, 1>("sq16k", 1024, 128, 2, 1);
-        run<4, 3, 0, 2, 0, 1>("sq16k", 1024, 128, 2, 1); run<4, 3, 2, 2, 0, 1>("sq16k", 1024, 128, 2, 1);
-        bulk<4, 2, 3, 0>("sq16k", 1024, 128, 2); bulk<4, 2, 3, 2>("sq16k", 1024, 128, 2);
-        bulk<4, 1, 6, 0>("sq16k", 1024, 128, 2); bulk<4, 1, 6, 2>("sq16k", 1024, 128, 2);
-        bulk<4, 4, 2, 0>("sq16k", 1024, 128, 2); bulk<4, 4, 2, 2>("sq16k", 1024, 128, 2);
-        run<4, 2, 0, 2, 0, 1>("lm_head", 8192, 21, 1, 0); run<4, 2, 2, 2, 0, 1>("lm_head", 8192, 21, 1, 0);
-        bulk<4, 3, 2, 0>("lm_head", 8192, 21, 1); bulk<4, 3, 2, 2>("lm_head", 8192, 21, 1);
+        run02<4, 2, 1>("sq16k", 1024, 128, 2, 1); run02<4, 3, 1>("sq16k", 1024, 128, 2, 1);
+        bulk02<4, 2, 3>("sq16k", 1024, 128, 2); bulk02<4, 1, 6>("sq16k", 1024, 128, 2);
+        bulk02<4, 4, 2>("sq16k", 1024, 128, 2);
+        run02<4, 2, 1>("lm_head", 8192, 21, 1, 0); bulk02<4, 3, 2>("lm_head", 8192, 21, 1);
         return 0;
     }
     if (sec == 1) {

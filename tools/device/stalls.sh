@@ -9,14 +9,7 @@ for sh in ${SHAPES:-lm_head in_proj}; do
   timeout 150 ncu --clock-control none --set full --import-source no -f -o /tmp/st_$sh --kernel-name regex:stream_tile \
     --launch-skip 3 --launch-count 1 $K bench stream --quick --shapes $sh --bits 4 >/tmp/st_$sh.run 2>&1
   echo "ncu $sh rc=$?"
-  ncu -i /tmp/st_$sh.ncu-rep --page raw --csv 2>/dev/null | python3 -c '
-import csv, sys
-rows = list(csv.reader(sys.stdin)); h, v = rows[0], rows[-1]
-st = [(float(v[i].replace(",", "")), h[i]) for i in range(len(h)) if "average_warp_latency_issue_stalled" in h[i] and v[i].replace(",", "").replace(".", "").isdigit()]
-for x, n in sorted(st, reverse=True)[:14]: print(f"  {x:8.2f}  {n}")
-for i, n in enumerate(h):
-    if n in ("gpu__time_duration.sum", "smsp__inst_executed.sum", "smsp__issue_active.avg.pct_of_peak_sustained_active"): print(f"  {v[i]}  {n}")
-'
+  ncu -i /tmp/st_$sh.ncu-rep --page raw --csv 2>/dev/null | python3 tools/device/ncu_raw.py 14 0
   ncu -i /tmp/st_$sh.ncu-rep --page source --csv --print-source sass >"$OUT/src_$sh.csv" 2>/dev/null
 done
 # DECODE=1: the same on tile launches inside a launch-by-launch decode step of /tmp/nano (synth made here): launches
